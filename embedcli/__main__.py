@@ -1,0 +1,3 @@
+from embedcli.cli import main
+
+main()
