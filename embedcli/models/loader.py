@@ -1,0 +1,292 @@
+"""Load a resolved model: tokenizer, transformers backbone on the packed attention, projector and classifier heads."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
+from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
+from embedcli.pooling import (
+    DispatchPooler,
+    Pooler,
+    PoolerConfig,
+    get_activation,
+    pooler_for_classify,
+    pooler_for_embed,
+    pooler_for_token_classify,
+    pooler_for_token_embed,
+    resolve_classifier_activation,
+)
+from embedcli.pooling.activations import load_st_activation
+
+# Nothing may download weights at run time: transformers and the hub client stay offline.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_TOKEN_TYPE_MODELS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto` is CUDA when available, else CPU; `cuda:i` and `cpu` pass through (validated)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelConfigError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` is float32 on CPU and bfloat16 on CUDA; names map to torch dtypes."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ModelConfigError(f"--dtype {dtype!r}: choose one of auto, {', '.join(DTYPES)}") from None
+
+
+def _load_dense(folder: Path, dense: DenseSpec) -> nn.Module:
+    """A Dense module's Linear + activation; weights that fail to load are an error (vLLM skips silently)."""
+    from safetensors.torch import load_file
+
+    weights_path = folder / dense.path / "model.safetensors"
+    if not weights_path.is_file():
+        raise ModelConfigError(
+            f"{weights_path}: missing; the Dense projector cannot be loaded (embedcli does not fall back to "
+            "the raw pooled vector, which would silently change the embedding size)"
+        )
+    state = load_file(str(weights_path))
+    linear = nn.Linear(dense.in_features, dense.out_features, bias=dense.bias)
+    for prefix in ("linear.", "", "dense."):
+        if f"{prefix}weight" in state:
+            weight = state[f"{prefix}weight"]
+            if tuple(weight.shape) != (dense.out_features, dense.in_features):
+                raise ModelConfigError(
+                    f"{weights_path}: weight shape {tuple(weight.shape)} does not match "
+                    f"({dense.out_features}, {dense.in_features}) in its config.json"
+                )
+            linear.weight.data.copy_(weight)
+            if dense.bias:
+                if f"{prefix}bias" not in state:
+                    raise ModelConfigError(f"{weights_path}: bias missing but config.json says bias=true")
+                linear.bias.data.copy_(state[f"{prefix}bias"])
+            return nn.Sequential(linear, load_st_activation(dense.activation))
+    raise ModelConfigError(f"{weights_path}: no 'linear.weight' (or 'weight', 'dense.weight') tensor found")
+
+
+class _FirstTokenHead(nn.Module):
+    """Adapts a head that indexes `features[:, 0]` (RoBERTa style) to take pooled `[batch, hidden]`."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.unsqueeze(1))
+
+
+def _sequence_classifier(model: nn.Module, model_type: str, is_decoder: bool) -> nn.Module:
+    """The part of a `*ForSequenceClassification` model that maps the pooled vector to logits."""
+    if is_decoder:
+        return model.score
+    if model_type in ("bert",):
+        return nn.Sequential(model.bert.pooler.dense, nn.Tanh(), model.classifier)
+    if model_type == "distilbert":
+        return nn.Sequential(model.pre_classifier, nn.ReLU(), model.classifier)
+    if model_type in ("roberta", "xlm-roberta", "camembert", "mpnet", "electra"):
+        return _FirstTokenHead(model.classifier)
+    raise ModelConfigError(f"Sequence classification is not supported for model_type {model_type!r}")
+
+
+@dataclass
+class ModelOptions:
+    """User choices that change how a model is loaded or pooled."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    activation: str | None = None  # classify: override the config's activation
+    logit_mean: float | None = None
+    logit_sigma: float | None = None
+    step_tag_id: int | None = None
+    returned_token_ids: tuple[int, ...] | None = None
+
+
+class LoadedModel:
+    """A model ready to run packed forwards: tokenizer, backbone, pooler, on one device and dtype."""
+
+    def __init__(self, spec: ModelSpec, options: ModelOptions | None = None) -> None:
+        options = options or ModelOptions()
+        self.spec = spec
+        self.options = options
+        self.device = resolve_device(options.device)
+        self.dtype = resolve_dtype(options.dtype, self.device)
+        self.tokenizer = self._load_tokenizer()
+        self.backbone, classifier = self._load_backbone()
+        self.pooler_config = PoolerConfig(
+            seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
+            tok_pooling_type="STEP" if options.step_tag_id is not None or options.returned_token_ids else "ALL",
+            use_activation=spec.normalize if spec.head == "base" else None,
+            logit_mean=options.logit_mean,
+            logit_sigma=options.logit_sigma,
+            step_tag_id=options.step_tag_id,
+            returned_token_ids=options.returned_token_ids,
+        )
+        self.pooler = self._build_pooler(classifier).to(self.device).eval()
+
+    # -- loading -----------------------------------------------------------------------------------
+    def _load_tokenizer(self):  # type: ignore[no-untyped-def]
+        from tokenizers import Tokenizer
+        from transformers import AutoTokenizer
+
+        path = Path(self.spec.path)
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        except Exception as e:
+            raise ModelConfigError(f"{path}: the tokenizer could not be loaded ({e}); is tokenizer.json intact?") from e
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None:
+            raise ModelConfigError(f"{path}: no fast tokenizer (tokenizer.json) could be built for this model")
+        tokenizer = Tokenizer.from_str(backend.to_str())
+        # The runner packs without padding and truncates per call.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.hf_tokenizer = hf
+        return tokenizer
+
+    def _load_backbone(self) -> tuple[nn.Module, nn.Module | None]:
+        import transformers
+
+        # Our own progress goes to stderr; transformers' per-weight loading bar is noise there.
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+
+        spec = self.spec
+        impl = register_packed_attention()
+        kwargs = {
+            "attn_implementation": impl,
+            "dtype": self.dtype,
+            "local_files_only": True,
+            "trust_remote_code": self.options.trust_remote_code,
+            "use_safetensors": not any(w.endswith((".bin", ".pt")) for w in spec.weights),
+        }
+        auto = {
+            "base": transformers.AutoModel,
+            "sequence_classification": transformers.AutoModelForSequenceClassification,
+            "token_classification": transformers.AutoModelForTokenClassification,
+        }[spec.head]
+        try:
+            model = auto.from_pretrained(spec.path, **kwargs)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ModelConfigError(f"{spec.path}: the model weights could not be loaded: {e}") from e
+        model = model.to(self.device).eval()
+        classifier: nn.Module | None = None
+        if spec.head == "base":
+            backbone = model
+        else:
+            backbone = getattr(model, model.base_model_prefix)
+            if spec.head == "sequence_classification":
+                classifier = _sequence_classifier(model, spec.model_type, spec.is_decoder)
+            else:
+                classifier = model.classifier
+            classifier = classifier.to(torch.float32)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return backbone, classifier
+
+    def _build_pooler(self, classifier: nn.Module | None) -> Pooler:
+        spec, cfg = self.spec, self.pooler_config
+        head_dtype = torch.float32
+        if spec.head == "base":
+            projector = None
+            if spec.projector:
+                folder = Path(spec.path)
+                projector = nn.Sequential(*(_load_dense(folder, d) for d in spec.projector)).to(torch.float32)
+            return DispatchPooler(
+                {
+                    "embed": pooler_for_embed(cfg, projector, head_dtype),
+                    "token_embed": pooler_for_token_embed(cfg, projector, head_dtype),
+                }
+            )
+        config = self.backbone.config
+        if spec.head == "sequence_classification":
+            if self.options.activation:
+                activation = get_activation(self.options.activation, spec.num_labels)
+            else:
+                activation = resolve_classifier_activation(config)
+            default = "LAST" if spec.is_decoder else "CLS"
+            return DispatchPooler(
+                {
+                    "classify": pooler_for_classify(
+                        PoolerConfig(seq_pooling_type=default, logit_mean=cfg.logit_mean, logit_sigma=cfg.logit_sigma),
+                        classifier,
+                        activation,
+                        head_dtype,
+                        num_labels=spec.num_labels,
+                    )
+                }
+            )
+        if self.options.activation:
+            activation = get_activation(self.options.activation, None)
+        else:
+            activation = resolve_classifier_activation(config, static_num_labels=False)
+        return DispatchPooler({"token_classify": pooler_for_token_classify(cfg, classifier, activation, head_dtype)})
+
+    # -- running -----------------------------------------------------------------------------------
+    def position_ids(self, lengths: list[int]) -> torch.Tensor:
+        """Positions restarting at each sequence (plus the fairseq padding offset where the model has one)."""
+        offset = 0
+        if self.spec.model_type in POSITION_OFFSET_TYPES:
+            offset = int(getattr(self.backbone.config, "pad_token_id", 1) or 1) + 1
+        return torch.cat([torch.arange(offset, n + offset) for n in lengths])
+
+    @torch.inference_mode()
+    def forward_packed(
+        self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Last hidden states `[total, hidden]` of sequences laid end to end in `input_ids`."""
+        pack = PackInfo.build(lengths, self.device)
+        ids = input_ids.to(self.device, non_blocking=True)
+        positions = self.position_ids(lengths).to(self.device, non_blocking=True)
+        if self.spec.model_type == "mpnet":
+            return _mpnet_packed_forward(self.backbone, ids, positions, pack)
+        kwargs: dict[str, object] = {"embedcli_pack": pack}
+        if self.spec.model_type in _TOKEN_TYPE_MODELS:
+            types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids.to(self.device)
+            kwargs["token_type_ids"] = types[None]
+        if self.spec.is_decoder:
+            kwargs["use_cache"] = False
+        out = self.backbone(input_ids=ids[None], position_ids=positions[None], **kwargs)
+        return out.last_hidden_state[0]
+
+
+def _mpnet_packed_forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo) -> torch.Tensor:
+    """MPNet on a packed buffer: its relative position bias is built once for the longest sequence.
+
+    transformers' MPNet does not use the attention interface and would build a `[total, total]` bias;
+    the layers' own modules run here on the flat buffer, attention on the padded view.
+    """
+    x = model.embeddings(input_ids=ids[None], position_ids=positions[None])[0]
+    encoder = model.encoder
+    heads = encoder.n_heads
+    # Bias depends only on relative positions, so one [1, heads, L, L] table serves every sequence.
+    bias = encoder.compute_position_bias(x.new_empty(1, pack.max_len, 1)).to(x.dtype)
+    bias = padded_bias(bias, pack)
+    head_dim = x.shape[-1] // heads
+    for layer in encoder.layer:
+        attn = layer.attention.attn
+        q = attn.q(x).view(-1, heads, head_dim)
+        k = attn.k(x).view(-1, heads, head_dim)
+        v = attn.v(x).view(-1, heads, head_dim)
+        context = packed_attention(q, k, v, pack, causal=False, attn_bias=bias)
+        attention_output = layer.attention.LayerNorm(attn.o(context.reshape(x.shape)) + x)
+        x = layer.output(layer.intermediate(attention_output), attention_output)
+    return x

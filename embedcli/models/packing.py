@@ -1,0 +1,162 @@
+"""Attention confined to each sequence of a packed `[total_tokens, ...]` buffer, plugged into transformers.
+
+Every linear layer and norm runs on the flat buffer (no padding); only attention pads: q/k/v are
+gathered by one precomputed index into `[batch, heads, max_len, dim]`, SDPA runs with a key-padding
+mask, and the result is gathered back. On CUDA with flash-attn installed the varlen kernel runs on
+the flat buffer directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "embedcli_packed"
+
+
+@dataclass
+class PackInfo:
+    """Index maps between a packed buffer of `total` tokens and its padded `[batch, max_len]` view."""
+
+    cu_seqlens: torch.Tensor  # int32 [batch + 1], on the compute device
+    lengths: list[int]
+    max_len: int
+    gather_index: torch.Tensor  # [batch * max_len] flat-buffer row for each padded slot (pads -> 0)
+    scatter_index: torch.Tensor  # [total] padded slot of each flat-buffer row
+    key_mask: torch.Tensor | None  # [batch, 1, 1, max_len] True where a key is real; None if no pads
+
+    @property
+    def batch(self) -> int:
+        """Number of sequences in the buffer."""
+        return len(self.lengths)
+
+    @property
+    def total(self) -> int:
+        """Number of tokens in the buffer."""
+        return int(self.cu_seqlens[-1])
+
+    @classmethod
+    def build(cls, lengths: list[int], device: torch.device | str = "cpu") -> PackInfo:
+        """Index maps for sequences of `lengths` laid end to end."""
+        if not lengths or min(lengths) < 1:
+            raise ValueError("a packed batch needs at least one sequence, each of at least one token")
+        lens = torch.tensor(lengths, dtype=torch.long)
+        batch, max_len = len(lengths), int(lens.max())
+        cu = torch.zeros(batch + 1, dtype=torch.long)
+        torch.cumsum(lens, 0, out=cu[1:])
+        pos = torch.arange(max_len)
+        valid = pos[None, :] < lens[:, None]  # [batch, max_len]
+        gather = torch.where(valid, cu[:-1, None] + pos[None, :], torch.zeros((), dtype=torch.long))
+        scatter = (torch.arange(batch)[:, None] * max_len + pos[None, :])[valid]
+        key_mask = None if bool(valid.all()) else valid[:, None, None, :].to(device)
+        return cls(
+            cu_seqlens=cu.to(device=device, dtype=torch.int32),
+            lengths=list(lengths),
+            max_len=max_len,
+            gather_index=gather.reshape(-1).to(device),
+            scatter_index=scatter.to(device),
+            key_mask=key_mask,
+        )
+
+
+def padded_bias(bias: torch.Tensor, pack: PackInfo) -> torch.Tensor:
+    """An additive `[1, heads, max_len, max_len]` bias with the key padding of `pack` folded in."""
+    if pack.key_mask is None:
+        return bias
+    return torch.where(pack.key_mask, bias, torch.full((), float("-inf"), dtype=bias.dtype, device=bias.device))
+
+
+def _to_padded(x: torch.Tensor, pack: PackInfo) -> torch.Tensor:
+    """`[total, heads, dim]` -> `[batch, heads, max_len, dim]`."""
+    heads, dim = x.shape[1], x.shape[2]
+    return x.index_select(0, pack.gather_index).view(pack.batch, pack.max_len, heads, dim).transpose(1, 2)
+
+
+@functools.cache
+def _flash_varlen():  # type: ignore[no-untyped-def]
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    return flash_attn_varlen_func
+
+
+def flash_attn_available(device: torch.device) -> bool:
+    """Whether the flash-attn varlen kernel can serve this device."""
+    return device.type == "cuda" and _flash_varlen() is not None
+
+
+def packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pack: PackInfo,
+    *,
+    causal: bool,
+    scale: float | None = None,
+    attn_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of `[total, heads, dim]` q/k/v confined to each sequence; returns `[total, heads_q, dim]`."""
+    gqa = q.shape[1] != k.shape[1]
+    if attn_bias is None and flash_attn_available(q.device) and q.dtype in (torch.float16, torch.bfloat16):
+        fn = _flash_varlen()
+        return fn(
+            q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_len, pack.max_len,
+            softmax_scale=scale, causal=causal,
+        )
+    if pack.batch == 1:
+        qp, kp, vp = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=attn_bias, is_causal=causal and attn_bias is None, scale=scale, enable_gqa=gqa
+        )
+        return out[0].transpose(0, 1)
+    qp, kp, vp = _to_padded(q, pack), _to_padded(k, pack), _to_padded(v, pack)
+    mask: torch.Tensor | None = None
+    if causal:
+        # Right padding: every real query row sees only real keys under the causal mask, so no
+        # key-padding mask is needed; pad rows compute garbage that is never gathered back.
+        mask = attn_bias
+    else:
+        # An additive bias from the caller already carries the key padding (see `padded_bias`).
+        mask = pack.key_mask if attn_bias is None else attn_bias
+    out = F.scaled_dot_product_attention(
+        qp, kp, vp, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
+    )
+    heads, dim = out.shape[1], out.shape[3]
+    return out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads, dim).index_select(0, pack.scatter_index)
+
+
+def packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-interface entry: `[1, heads, total, dim]` in, `[1, total, heads, dim]` out."""
+    pack = kwargs.get("embedcli_pack")
+    if not isinstance(pack, PackInfo):
+        raise RuntimeError(
+            f"{ATTN_IMPLEMENTATION} attention needs the packed-batch info (embedcli_pack=...) in the forward call"
+        )
+    if query.shape[0] != 1:
+        raise RuntimeError("packed attention expects the whole batch flattened into one row")
+    causal = bool(getattr(module, "is_causal", False))
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = packed_attention(q, k, v, pack, causal=causal, scale=scaling)
+    return out.unsqueeze(0), None
+
+
+@functools.cache
+def register_packed_attention() -> str:
+    """Register the packed attention with transformers (once) and return its implementation name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention_forward)
+    return ATTN_IMPLEMENTATION

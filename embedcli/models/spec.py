@@ -1,0 +1,304 @@
+"""Read a model folder (HF config + sentence-transformers layout) into one resolved, hashable `ModelSpec`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
+
+DECODER_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
+)
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "camembert", "electra"})
+# Encoders whose position ids start after the padding index (fairseq style).
+POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
+
+_ST_TYPES = {
+    "dense": ("sentence_transformers.models.Dense", "pylate.models.Dense.Dense"),
+    "normalize": ("sentence_transformers.models.Normalize",),
+    "pooling": ("sentence_transformers.models.Pooling",),
+    "transformer": ("sentence_transformers.models.Transformer",),
+}
+
+
+class ModelConfigError(ValueError):
+    """A model folder embedcli cannot serve, with the file at fault and the fix."""
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """One sentence-transformers Dense module: `Linear(in, out, bias)` then an activation."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything that decides what a model computes, resolved once from its folder."""
+
+    name: str
+    path: str
+    architecture: str
+    model_type: str
+    head: str  # "base" | "sequence_classification" | "token_classification"
+    is_decoder: bool
+    hidden_size: int
+    max_length: int
+    do_lower_case: bool
+    seq_pooling_type: str
+    normalize: bool
+    projector: tuple[DenseSpec, ...] = ()
+    embedding_size: int = 0
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    prompts: tuple[tuple[str, str], ...] = ()
+    default_prompt_name: str | None = None
+    similarity_fn_name: str = "cosine"
+    num_labels: int = 0
+    id2label: tuple[str, ...] = ()
+    problem_type: str | None = None
+    st_activation: str | None = None
+    sentence_transformers_layout: bool = False
+    weights: tuple[str, ...] = ()
+    content_hash: str = field(default="", compare=False)
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The pooling tasks this model can serve."""
+        if self.head == "sequence_classification":
+            return ("classify",)
+        if self.head == "token_classification":
+            return ("token_classify",)
+        return ("embed", "token_embed")
+
+    @property
+    def score_type(self) -> str | None:
+        """How pairs are scored: cross-encoder, bi-encoder cosine or late interaction (vLLM score types)."""
+        if self.head == "sequence_classification":
+            return "cross-encoder" if self.num_labels == 1 else None
+        if self.head == "base":
+            return "bi-encoder"
+        return None
+
+    def prompt(self, name: str) -> str:
+        """The prompt text registered under `name`, or a ValueError listing the names there are."""
+        table = dict(self.prompts)
+        if name not in table:
+            known = ", ".join(table) or "none"
+            raise ModelConfigError(f"Prompt name {name!r} is not in the model's prompts ({known})")
+        return table[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view, with the supported tasks."""
+        data = asdict(self)
+        data["tasks"] = list(self.tasks)
+        data["score_type"] = self.score_type
+        return data
+
+    def config_hash(self) -> str:
+        """A short hash of everything that changes the numbers this model produces."""
+        data = self.to_dict()
+        for volatile in ("name", "path"):
+            data.pop(volatile)
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with path.open(encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{path}: not valid JSON ({e}); restore the file from the model's source") from e
+    if not isinstance(data, (dict, list)):
+        raise ModelConfigError(f"{path}: expected a JSON object")
+    return data  # type: ignore[return-value]
+
+
+def _st_pooling_type(path: Path) -> str:
+    """The single pooling mode of a sentence-transformers Pooling config; anything else is rejected."""
+    cfg = _read_json(path)
+    if "pooling_mode" in cfg and isinstance(cfg["pooling_mode"], str):
+        modes = [cfg["pooling_mode"]]
+    else:
+        modes = [k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
+    mapping = {"cls_token": "CLS", "cls": "CLS", "mean_tokens": "MEAN", "mean": "MEAN", "lasttoken": "LAST"}
+    if len(modes) != 1 or modes[0] not in mapping:
+        found = ", ".join(modes) or "none"
+        raise ModelConfigError(
+            f"{path}: pooling modes [{found}] are not supported; embedcli implements exactly one of "
+            "cls_token, mean_tokens, lasttoken (vLLM would silently fall back; we refuse instead). "
+            "Edit the file to one supported mode if that is what you want."
+        )
+    if cfg.get("include_prompt") is False:
+        raise ModelConfigError(
+            f"{path}: include_prompt=false (excluding prompt tokens from pooling) is not supported"
+        )
+    return mapping[modes[0]]
+
+
+def _dense_spec(folder: Path, rel: str) -> DenseSpec:
+    cfg_path = folder / rel / "config.json"
+    if not cfg_path.is_file():
+        raise ModelConfigError(f"{cfg_path}: missing; the Dense module {rel!r} in modules.json cannot be loaded")
+    cfg = _read_json(cfg_path)
+    try:
+        return DenseSpec(
+            path=rel,
+            in_features=int(cfg["in_features"]),
+            out_features=int(cfg["out_features"]),
+            bias=bool(cfg.get("bias", True)),
+            activation=str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")),
+        )
+    except KeyError as e:
+        raise ModelConfigError(f"{cfg_path}: missing key {e}") from e
+
+
+def _head_kind(architecture: str) -> str:
+    if architecture.endswith("ForSequenceClassification"):
+        return "sequence_classification"
+    if architecture.endswith("ForTokenClassification"):
+        return "token_classification"
+    return "base"
+
+
+def _weights(folder: Path, allow_pickle: bool) -> tuple[str, ...]:
+    safetensors = sorted(p.name for p in folder.glob("*.safetensors"))
+    if safetensors:
+        return tuple(safetensors)
+    pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+    if pickled:
+        if not allow_pickle:
+            raise ModelConfigError(
+                f"{folder}: only pickle weights ({', '.join(pickled)}) were found; loading pickle can run "
+                "arbitrary code. Convert them to safetensors, or pass --allow-pickle if you trust the source."
+            )
+        return tuple(pickled)
+    raise ModelConfigError(f"{folder}: no weights (model.safetensors) found; the model folder is incomplete")
+
+
+def _hash_files(folder: Path, names: list[str]) -> str:
+    digest = hashlib.sha256()
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            continue
+        digest.update(name.encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def load_model_spec(
+    model: str | None,
+    *,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    max_length: int | None = None,
+) -> ModelSpec:
+    """Resolve `model` offline and read its configuration into a `ModelSpec`."""
+    folder = resolve_model_path(model)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelConfigError(f"{config_path}: missing; pass a model folder that holds config.json")
+    config = _read_json(config_path)
+    if config.get("auto_map") and not trust_remote_code:
+        raise ModelConfigError(
+            f"{config_path}: the model asks for its own Python code (auto_map); embedcli does not run remote "
+            "code. Use a model transformers ships, or pass --trust-remote-code if you trust it."
+        )
+    architecture = (config.get("architectures") or ["AutoModel"])[0]
+    model_type = str(config.get("model_type", ""))
+    if model_type not in ENCODER_TYPES | DECODER_TYPES:
+        raise ModelConfigError(
+            f"{config_path}: model_type {model_type!r} is not supported; embedcli runs "
+            f"{', '.join(sorted(ENCODER_TYPES | DECODER_TYPES))}"
+        )
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
+        raise ModelConfigError(f"{folder}: no tokenizer files (tokenizer.json) found; the model folder is incomplete")
+    weights = _weights(folder, allow_pickle)
+    is_decoder = model_type in DECODER_TYPES
+    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
+    head = _head_kind(architecture)
+
+    modules_path = folder / "modules.json"
+    st_layout = modules_path.is_file()
+    seq_pooling = "LAST" if is_decoder else "CLS"
+    normalize = True
+    projector: list[DenseSpec] = []
+    if st_layout:
+        modules = _read_json(modules_path)
+        types = [m.get("type", "") for m in modules]
+        normalize = any(t in _ST_TYPES["normalize"] for t in types)
+        for module in modules:
+            kind = module.get("type", "")
+            if kind in _ST_TYPES["pooling"]:
+                seq_pooling = _st_pooling_type(folder / module["path"] / "config.json")
+            elif kind in _ST_TYPES["dense"]:
+                projector.append(_dense_spec(folder, module["path"]))
+            elif kind not in _ST_TYPES["normalize"] + _ST_TYPES["transformer"]:
+                raise ModelConfigError(f"{modules_path}: module type {kind!r} is not supported")
+
+    st_cfg_path = folder / "config_sentence_transformers.json"
+    st_cfg = _read_json(st_cfg_path) if st_cfg_path.is_file() else {}
+    sbert_path = folder / "sentence_bert_config.json"
+    sbert = _read_json(sbert_path) if sbert_path.is_file() else {}
+
+    model_max = int(config.get("max_position_embeddings") or 512)
+    if model_type in POSITION_OFFSET_TYPES:
+        model_max -= 2
+    resolved_max = int(sbert.get("max_seq_length") or model_max)
+    if max_length is not None:
+        if max_length < 1 or max_length > model_max:
+            raise ModelConfigError(f"--max-length {max_length} is outside 1..{model_max} for this model")
+        resolved_max = max_length
+
+    matryoshka = config.get("matryoshka_dimensions")
+    id2label_raw = config.get("id2label") or {}
+    num_labels = int(config.get("num_labels") or len(id2label_raw) or (0 if head == "base" else 2))
+    id2label = tuple(str(id2label_raw.get(str(i), id2label_raw.get(i, f"LABEL_{i}"))) for i in range(num_labels))
+    st_ce = config.get("sentence_transformers") or {}
+    embedding_size = projector[-1].out_features if projector else hidden
+    if projector and projector[0].in_features != hidden:
+        raise ModelConfigError(
+            f"{folder / projector[0].path / 'config.json'}: Dense in_features {projector[0].in_features} "
+            f"does not match the model's hidden size {hidden}"
+        )
+
+    return ModelSpec(
+        name=str(model) if model else DEFAULT_MODEL,
+        path=str(folder),
+        architecture=architecture,
+        model_type=model_type,
+        head=head,
+        is_decoder=is_decoder,
+        hidden_size=hidden,
+        max_length=resolved_max,
+        do_lower_case=bool(sbert.get("do_lower_case", False)),
+        seq_pooling_type=seq_pooling,
+        normalize=normalize,
+        projector=tuple(projector),
+        embedding_size=embedding_size,
+        is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
+        matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
+        prompts=tuple((str(k), str(v)) for k, v in (st_cfg.get("prompts") or {}).items()),
+        default_prompt_name=st_cfg.get("default_prompt_name"),
+        similarity_fn_name=str(st_cfg.get("similarity_fn_name") or "cosine"),
+        num_labels=num_labels if head != "base" else 0,
+        id2label=id2label if head != "base" else (),
+        problem_type=config.get("problem_type"),
+        st_activation=st_ce.get("activation_fn") or config.get("sbert_ce_default_activation_function"),
+        sentence_transformers_layout=st_layout,
+        weights=weights,
+        content_hash=_hash_files(
+            folder, ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector)]
+        ),
+    )

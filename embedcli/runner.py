@@ -1,0 +1,309 @@
+"""Tokenize → pack → forward → pool, streamed: batches of texts in, results out in input order."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from embedcli.models.loader import LoadedModel
+from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
+
+LongInputs = Literal["truncate", "error", "chunk"]
+TextInput = str | tuple[str, str]
+
+# Token budget of one packed forward by device: on CPU a few thousand tokens keep the working set
+# in cache (16k is 15-20% slower); a GPU wants larger forwards to fill its cores.
+DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
+
+
+class LongInputError(ValueError):
+    """An input longer than the model's max length under `--long-inputs error`."""
+
+    def __init__(self, index: int, length: int, max_length: int) -> None:
+        super().__init__(
+            f"input {index} has {length} tokens, more than the model's max length {max_length}; "
+            "use --long-inputs truncate or chunk, or shorten it"
+        )
+        self.index = index
+        self.length = length
+        self.max_length = max_length
+
+
+@dataclass
+class RunnerOptions:
+    """How texts become packed forwards and what each sequence asks the pooler for."""
+
+    task: str = "embed"
+    max_batch_tokens: int | None = None
+    max_length: int | None = None
+    long_inputs: LongInputs = "truncate"
+    truncation_side: Literal["right", "left"] = "right"
+    # sentence-transformers strips whitespace before tokenizing; we follow it for parity (vLLM/TEI keep it).
+    strip: bool = True
+    prompt: str = ""
+    normalize: bool | None = None
+    dimensions: int | None = None
+
+
+@dataclass
+class RunStats:
+    """Counters and per-phase seconds of a run."""
+
+    rows: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    truncated_rows: int = 0
+    chunked_rows: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "compute": 0.0})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "forwards": self.forwards,
+            "truncated_rows": self.truncated_rows,
+            "chunked_rows": self.chunked_rows,
+            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+        }
+
+
+@dataclass
+class Encoded:
+    """A tokenized batch: one entry per packed sequence, and which input row each belongs to."""
+
+    ids: list[np.ndarray]
+    type_ids: list[np.ndarray] | None
+    owner: np.ndarray  # input row of each sequence (chunking maps several sequences to one row)
+    num_rows: int
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of each sequence."""
+        return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))
+
+
+SequenceResult = np.ndarray  # [n, d] for sequence tasks
+TokenResult = list[np.ndarray]  # per-row matrices for token tasks
+
+
+class Runner:
+    """Runs one task of a loaded model over streamed batches, packing sequences under a token budget."""
+
+    def __init__(self, model: LoadedModel, options: RunnerOptions | None = None) -> None:
+        self.model = model
+        self.options = options or RunnerOptions()
+        spec = model.spec
+        task = self.options.task
+        if task not in spec.tasks:
+            raise ValueError(
+                f"Model {spec.name!r} cannot do {task!r}; it supports {', '.join(spec.tasks)}"
+            )
+        self.max_length = self.options.max_length or spec.max_length
+        budget = self.options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(model.device.type, 2048)
+        self.max_batch_tokens = int(budget)
+        self.params = PoolingParams(
+            use_activation=self.options.normalize if task in ("embed", "token_embed") else None,
+            dimensions=self.options.dimensions,
+        ).verify(
+            task,
+            model.pooler_config,
+            EmbeddingShape(spec.embedding_size, spec.is_matryoshka, spec.matryoshka_dimensions),
+        )
+        self.pooler = model.pooler.pooler_for(task)
+        self.needs_token_ids = self.pooler.requires_token_ids()
+        self.stats = RunStats()
+        self._tokenizer = model.tokenizer
+        self._special_ids = model.hf_tokenizer.all_special_ids
+
+    # -- tokenize ----------------------------------------------------------------------------------
+    def _prepare(self, text: str) -> str:
+        if self.options.strip:
+            text = text.strip()
+        if self.model.spec.do_lower_case:
+            text = text.lower()
+        return self.options.prompt + text if self.options.prompt else text
+
+    def tokenize(self, texts: Sequence[TextInput], first_row: int = 0) -> Encoded:
+        """Token ids of each text (or text pair) under the long-input rule; `first_row` numbers errors."""
+        mode = self.options.long_inputs
+        tok = self._tokenizer
+        if mode == "truncate":
+            tok.enable_truncation(self.max_length, strategy="longest_first", direction=self.options.truncation_side)
+        else:
+            tok.no_truncation()
+        prepared: list[Any] = [
+            (self._prepare(t[0]), t[1]) if isinstance(t, tuple) else self._prepare(t) for t in texts
+        ]
+        encodings = tok.encode_batch(prepared)
+        ids: list[np.ndarray] = []
+        types: list[np.ndarray] = []
+        owner: list[int] = []
+        limit = self.max_length
+        for row, enc in enumerate(encodings):
+            seq = np.asarray(enc.ids, dtype=np.int64)
+            tt = np.asarray(enc.type_ids, dtype=np.int64)
+            if mode == "truncate":
+                if enc.overflowing:
+                    self.stats.truncated_rows += 1
+            elif len(seq) > limit:
+                if mode == "error":
+                    raise LongInputError(first_row + row, len(seq), limit)
+                self.stats.chunked_rows += 1
+                for start in range(0, len(seq), limit):
+                    ids.append(seq[start : start + limit])
+                    types.append(tt[start : start + limit])
+                    owner.append(row)
+                continue
+            ids.append(seq)
+            types.append(tt)
+            owner.append(row)
+        return Encoded(ids=ids, type_ids=types, owner=np.asarray(owner, dtype=np.int64), num_rows=len(texts))
+
+    # -- compute -----------------------------------------------------------------------------------
+    def _packs(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """Sequence indices of each forward: longest first, greedily filled up to the token budget."""
+        order = np.argsort(-lengths, kind="stable")
+        packs: list[np.ndarray] = []
+        current: list[int] = []
+        used = 0
+        for i in order.tolist():
+            n = int(lengths[i])
+            if current and used + n > self.max_batch_tokens:
+                packs.append(np.asarray(current))
+                current, used = [], 0
+            current.append(i)
+            used += n
+        if current:
+            packs.append(np.asarray(current))
+        return packs
+
+    def _forward(self, enc: Encoded, members: np.ndarray) -> list[torch.Tensor]:
+        seqs = [enc.ids[i] for i in members]
+        lengths = [len(s) for s in seqs]
+        flat = torch.from_numpy(np.concatenate(seqs))
+        types = None
+        if enc.type_ids is not None:
+            types = torch.from_numpy(np.concatenate([enc.type_ids[i] for i in members]))
+        hidden = self.model.forward_packed(flat, lengths, types)
+        params = [self.params] * len(seqs)
+        cu = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu[1:])
+        metadata = PoolingMetadata.from_cu_seqlens(
+            torch.from_numpy(cu), params, token_ids=flat if self.needs_token_ids else None
+        )
+        with torch.inference_mode():
+            out = self.pooler(hidden, metadata)
+        self.stats.forwards += 1
+        self.stats.tokens += int(cu[-1])
+        return list(out)
+
+    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult:
+        """Results for every row of a tokenized batch, in row order."""
+        start = time.perf_counter()
+        results: list[torch.Tensor | None] = [None] * len(enc.ids)
+        for members in self._packs(enc.lengths):
+            for i, out in zip(members.tolist(), self._forward(enc, members), strict=True):
+                results[i] = out
+        self.stats.rows += enc.num_rows
+        combined = self._combine(enc, results)
+        self.stats.seconds["compute"] += time.perf_counter() - start
+        return combined
+
+    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult:
+        if self.params.task in ("token_embed", "token_classify"):
+            return [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
+        if enc.num_rows == len(results):
+            if not results:
+                width = self.params.dimensions or self.model.spec.embedding_size
+                return np.zeros((0, width), dtype=np.float32)
+            return torch.stack(results).float().cpu().numpy()  # type: ignore[arg-type]
+        return self._aggregate_chunks(enc, results)
+
+    def _aggregate_chunks(self, enc: Encoded, results: list[torch.Tensor | None]) -> np.ndarray:
+        """vLLM's long-input aggregation: token-weighted mean of chunk results, not re-normalized."""
+        weights = enc.lengths.astype(np.float64)
+        first = results[0]
+        assert first is not None
+        out = np.zeros((enc.num_rows, first.shape[-1]), dtype=np.float64)
+        total = np.zeros(enc.num_rows, dtype=np.float64)
+        for row, w, r in zip(enc.owner.tolist(), weights.tolist(), results, strict=True):
+            out[row] += w * r.double().cpu().numpy()  # type: ignore[union-attr]
+            total[row] += w
+        return (out / total[:, None]).astype(np.float32)
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult]:
+        """One result per input batch, in order; the next batch is tokenized while this one computes."""
+        source = iter(batches)
+        first_row = 0
+
+        def tokenized() -> Iterator[Encoded]:
+            nonlocal first_row
+            for texts in source:
+                start = time.perf_counter()
+                enc = self.tokenize(texts, first_row)
+                self.stats.seconds["tokenize"] += time.perf_counter() - start
+                first_row += len(texts)
+                yield enc
+
+        for enc in prefetch(tokenized(), depth=2):
+            yield self.run_encoded(enc)
+
+    def embed(self, texts: Sequence[TextInput], batch_rows: int = 4096) -> np.ndarray:
+        """All results of `texts` at once (sequence tasks)."""
+        chunks = [texts[i : i + batch_rows] for i in range(0, len(texts), batch_rows)]
+        parts = [np.asarray(r) for r in self.map(chunks)]
+        if not parts:
+            width = self.params.dimensions or self.model.spec.embedding_size
+            return np.zeros((0, width), dtype=np.float32)
+        return np.concatenate(parts)
+
+
+_DONE = object()
+
+
+def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """Yield from `items`, produced `depth` ahead in a background thread (tokenizers and torch release the GIL)."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(_Failure(e))
+
+    thread = threading.Thread(target=produce, name="embedcli-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+
+
+@dataclass
+class _Failure:
+    error: BaseException
