@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,64 +141,75 @@ def _check_texts(batch: Any) -> None:
             )
 
 
-def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions) -> int:
-    """`embedcli embed`: stream rows through the model into one output file; returns the exit code."""
-    import pyarrow as pa
-
+def read_batches(inputs: InputOptions, extra_text_cols: Sequence[str] = ()) -> Iterator[Any]:
+    """Input batches of every file, streamed, with null texts rejected."""
     from embedcli.io.readers import read_inputs
-    from embedcli.io.writers import check_output_path, embedding_array, open_writer
-    from embedcli.runner import Runner, RunnerOptions
 
-    check_output_path(output.path)
-    started = time.perf_counter()
-    model = load(choice)
-    runner = Runner(
-        model,
-        RunnerOptions(
-            task="embed",
-            max_batch_tokens=embed.max_batch_tokens,
-            normalize=embed.normalize,
-            strip=embed.strip,
-        ),
-    )
-    meta = provenance(model, runner)
-    batches = read_inputs(
+    for batch in read_inputs(
         inputs.paths,
         text_col=inputs.text_col,
         id_col=inputs.id_col,
         keep_cols=inputs.keep_cols,
+        extra_text_cols=extra_text_cols,
         fmt=inputs.fmt,
         batch_rows=inputs.batch_rows,
-    )
-    held: list[Any] = []
+    ):
+        _check_texts(batch)
+        yield batch
 
-    def texts() -> Iterator[list[str]]:
+
+def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The `--keep-cols` columns of a batch as Arrow arrays."""
+    import pyarrow as pa
+
+    out = {}
+    for name in names:
+        arr = pa.array(batch.columns[name])
+        # An all-null first batch would fix the column's type to null for the whole file.
+        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
+    return out
+
+
+def run_rows(
+    batches: Iterable[Any],
+    runner: Any,
+    output: OutputOptions,
+    meta: dict[str, str],
+    to_inputs: Callable[[Any], Sequence[Any]],
+    to_table: Callable[[Any, Any], Any],
+    empty_table: Callable[[], Any],
+) -> int:
+    """Stream input batches through `runner` and commit each result table to one output; returns the exit code.
+
+    `to_inputs(batch)` gives the runner's inputs (texts or pairs) for a batch, `to_table(batch, result)`
+    the output rows, `empty_table()` the output's shape when there are no rows.
+    """
+    from embedcli.io.writers import check_output_path, open_writer
+
+    check_output_path(output.path)
+    started = time.perf_counter()
+    held: deque[Any] = deque()
+
+    def inputs() -> Iterator[Sequence[Any]]:
         for batch in batches:
-            _check_texts(batch)
             held.append(batch)
-            yield batch.texts  # type: ignore[misc]
+            yield to_inputs(batch)
 
     writer = None
     seconds_write = 0.0
     with _progress(output.quiet) as bar:
         try:
-            for vectors in runner.map(texts()):
-                batch = held.pop(0)
+            for result in runner.map(inputs()):
+                batch = held.popleft()
                 t0 = time.perf_counter()
-                columns = {"id": pa.array(batch.ids, pa.string()), "embedding": embedding_array(np.asarray(vectors))}
-                for name in inputs.keep_cols:
-                    columns[name] = pa.array(batch.columns[name])
-                table = pa.table(columns)
+                table = to_table(batch, result)
                 if writer is None:
                     writer = open_writer(output.path, table.schema, meta, fmt=output.fmt)
                 writer.write(table)
                 seconds_write += time.perf_counter() - t0
                 bar.update(len(batch))
             if writer is None:
-                width = runner.params.dimensions or model.spec.embedding_size
-                empty = pa.table(
-                    {"id": pa.array([], pa.string()), "embedding": embedding_array(np.zeros((0, width), np.float32))}
-                )
+                empty = empty_table()
                 writer = open_writer(output.path, empty.schema, meta, fmt=output.fmt)
             writer.commit()
         except BaseException:
@@ -218,6 +230,42 @@ def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, ou
         with open(output.stats_file, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     return EXIT_OK
+
+
+def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions) -> int:
+    """`embedcli embed`: stream rows through the model into one output file; returns the exit code."""
+    import pyarrow as pa
+
+    from embedcli.io.writers import check_output_path, embedding_array
+    from embedcli.runner import Runner, RunnerOptions
+
+    check_output_path(output.path)
+    model = load(choice)
+    runner = Runner(
+        model,
+        RunnerOptions(
+            task="embed",
+            max_batch_tokens=embed.max_batch_tokens,
+            normalize=embed.normalize,
+            strip=embed.strip,
+        ),
+    )
+    width = runner.params.dimensions or model.spec.embedding_size
+
+    def to_table(batch: Any, vectors: Any) -> Any:
+        columns = {"id": pa.array(batch.ids, pa.string()), "embedding": embedding_array(np.asarray(vectors))}
+        columns.update(kept_columns(batch, inputs.keep_cols))
+        return pa.table(columns)
+
+    def empty_table() -> Any:
+        return pa.table(
+            {"id": pa.array([], pa.string()), "embedding": embedding_array(np.zeros((0, width), np.float32))}
+        )
+
+    return run_rows(
+        read_batches(inputs), runner, output, provenance(model, runner),
+        to_inputs=lambda batch: batch.texts, to_table=to_table, empty_table=empty_table,
+    )
 
 
 def peak_rss_mb() -> float:
