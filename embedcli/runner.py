@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from embedcli.models.loader import LoadedModel
-from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
+from embedcli.pooling import EmbeddingShape, PoolingConfigError, PoolingMetadata, PoolingParams
 
 LongInputs = Literal["truncate", "error", "chunk"]
 TextInput = str | tuple[str, str]
@@ -26,11 +27,13 @@ DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
 class LongInputError(ValueError):
     """An input longer than the model's max length under `--long-inputs error`."""
 
-    def __init__(self, index: int, length: int, max_length: int) -> None:
+    def __init__(self, index: int, length: int, max_length: int, where: str | None = None) -> None:
+        row = f"input row {index}" + (f" ({where})" if where else "")
         super().__init__(
-            f"input {index} has {length} tokens, more than the model's max length {max_length}; "
+            f"{row} has {length} tokens, more than the model's max length {max_length}; "
             "use --long-inputs truncate or chunk, or shorten it"
         )
+        self.where = where
         self.index = index
         self.length = length
         self.max_length = max_length
@@ -83,6 +86,7 @@ class Encoded:
     type_ids: list[np.ndarray] | None
     owner: np.ndarray  # input row of each sequence (chunking maps several sequences to one row)
     num_rows: int
+    chunked: np.ndarray | None = None  # per sequence: True when it is one chunk of an over-long row
 
     @property
     def lengths(self) -> np.ndarray:
@@ -103,9 +107,11 @@ class Runner:
         spec = model.spec
         task = self.options.task
         if task not in spec.tasks:
-            raise ValueError(
+            raise PoolingConfigError(
                 f"Model {spec.name!r} cannot do {task!r}; it supports {', '.join(spec.tasks)}"
             )
+        if self.options.long_inputs == "chunk" and task != "embed":
+            raise PoolingConfigError(f"--long-inputs chunk applies to embed only, not {task!r}")
         self.max_length = self.options.max_length or spec.max_length
         budget = self.options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(model.device.type, 2048)
         self.max_batch_tokens = int(budget)
@@ -117,6 +123,9 @@ class Runner:
             model.pooler_config,
             EmbeddingShape(spec.embedding_size, spec.is_matryoshka, spec.matryoshka_dimensions),
         )
+        # Chunks of an over-long row are pooled without the activation; the row is normalized once, after
+        # the token-weighted mean (see `_aggregate_chunks`).
+        self._chunk_params = dataclasses.replace(self.params, use_activation=False)
         self.pooler = model.pooler.pooler_for(task)
         self.needs_token_ids = self.pooler.requires_token_ids()
         self.stats = RunStats()
@@ -146,6 +155,7 @@ class Runner:
         ids: list[np.ndarray] = []
         types: list[np.ndarray] = []
         owner: list[int] = []
+        chunked: list[bool] = []
         limit = self.max_length
         for row, enc in enumerate(encodings):
             seq = np.asarray(enc.ids, dtype=np.int64)
@@ -155,17 +165,23 @@ class Runner:
                     self.stats.truncated_rows += 1
             elif len(seq) > limit:
                 if mode == "error":
-                    raise LongInputError(first_row + row, len(seq), limit)
+                    locate = getattr(texts, "locate", None)
+                    raise LongInputError(first_row + row, len(seq), limit, locate(row) if locate else None)
                 self.stats.chunked_rows += 1
                 for start in range(0, len(seq), limit):
                     ids.append(seq[start : start + limit])
                     types.append(tt[start : start + limit])
                     owner.append(row)
+                    chunked.append(True)
                 continue
             ids.append(seq)
             types.append(tt)
             owner.append(row)
-        return Encoded(ids=ids, type_ids=types, owner=np.asarray(owner, dtype=np.int64), num_rows=len(texts))
+            chunked.append(False)
+        return Encoded(
+            ids=ids, type_ids=types, owner=np.asarray(owner, dtype=np.int64), num_rows=len(texts),
+            chunked=np.asarray(chunked, dtype=bool) if any(chunked) else None,
+        )
 
     # -- compute -----------------------------------------------------------------------------------
     def _packs(self, lengths: np.ndarray) -> list[np.ndarray]:
@@ -193,7 +209,10 @@ class Runner:
         if enc.type_ids is not None:
             types = torch.from_numpy(np.concatenate([enc.type_ids[i] for i in members]))
         hidden = self.model.forward_packed(flat, lengths, types)
-        params = [self.params] * len(seqs)
+        if enc.chunked is None:
+            params = [self.params] * len(seqs)
+        else:
+            params = [self._chunk_params if enc.chunked[i] else self.params for i in members.tolist()]
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu[1:])
         metadata = PoolingMetadata.from_cu_seqlens(
@@ -228,7 +247,13 @@ class Runner:
         return self._aggregate_chunks(enc, results)
 
     def _aggregate_chunks(self, enc: Encoded, results: list[torch.Tensor | None]) -> np.ndarray:
-        """vLLM's long-input aggregation: token-weighted mean of chunk results, not re-normalized."""
+        """Long-input aggregation: the token-weighted mean of a row's chunk vectors, then normalized once.
+
+        Chunks are pooled *without* the activation (projector and Matryoshka slice applied), so for MEAN
+        pooling the mean is exactly the mean over all of the row's tokens (attention does not span chunks);
+        the row is L2-normalized afterwards when normalization is on. vLLM instead averages the already
+        normalized chunk vectors and leaves the mean un-normalized; without normalization both agree.
+        """
         weights = enc.lengths.astype(np.float64)
         first = results[0]
         assert first is not None
@@ -237,7 +262,12 @@ class Runner:
         for row, w, r in zip(enc.owner.tolist(), weights.tolist(), results, strict=True):
             out[row] += w * r.double().cpu().numpy()  # type: ignore[union-attr]
             total[row] += w
-        return (out / total[:, None]).astype(np.float32)
+        mean = out / total[:, None]
+        if self.params.use_activation and enc.chunked is not None:
+            rows = np.unique(enc.owner[enc.chunked])
+            norms = np.linalg.norm(mean[rows], axis=1, keepdims=True)
+            mean[rows] = mean[rows] / np.maximum(norms, 1e-12)
+        return mean.astype(np.float32)
 
     # -- streaming ---------------------------------------------------------------------------------
     def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult]:

@@ -17,11 +17,23 @@ ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpne
 # Encoders whose position ids start after the padding index (fairseq style).
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
 
+# Module class paths in modules.json: the classic `sentence_transformers.models.*` names, and the ones
+# sentence-transformers >= 6 writes when it saves a model (`base.modules.*`, `sentence_transformer.modules.*`).
 _ST_TYPES = {
-    "dense": ("sentence_transformers.models.Dense", "pylate.models.Dense.Dense"),
-    "normalize": ("sentence_transformers.models.Normalize",),
-    "pooling": ("sentence_transformers.models.Pooling",),
-    "transformer": ("sentence_transformers.models.Transformer",),
+    "dense": (
+        "sentence_transformers.models.Dense",
+        "sentence_transformers.base.modules.dense.Dense",
+        "pylate.models.Dense.Dense",
+    ),
+    "normalize": ("sentence_transformers.models.Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
+    "pooling": (
+        "sentence_transformers.models.Pooling",
+        "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+    ),
+    "transformer": (
+        "sentence_transformers.models.Transformer",
+        "sentence_transformers.base.modules.transformer.Transformer",
+    ),
 }
 
 
@@ -149,6 +161,9 @@ def _dense_spec(folder: Path, rel: str) -> DenseSpec:
     if not cfg_path.is_file():
         raise ModelConfigError(f"{cfg_path}: missing; the Dense module {rel!r} in modules.json cannot be loaded")
     cfg = _read_json(cfg_path)
+    if cfg.get("use_residual"):
+        # sentence-transformers >= 6: output = activation(linear(x)) + x (or a projected x); not implemented.
+        raise ModelConfigError(f"{cfg_path}: use_residual=true (a residual Dense) is not supported")
     try:
         return DenseSpec(
             path=rel,
@@ -255,7 +270,14 @@ def load_model_spec(
     model_max = int(config.get("max_position_embeddings") or 512)
     if model_type in POSITION_OFFSET_TYPES:
         model_max -= 2
-    resolved_max = int(sbert.get("max_seq_length") or model_max)
+    st_max = sbert.get("max_seq_length")
+    if st_layout and not st_max:
+        # sentence-transformers >= 6 keeps the limit in the tokenizer config, not sentence_bert_config.json.
+        tok_cfg_path = folder / "tokenizer_config.json"
+        tok_max = _read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
+        if isinstance(tok_max, int) and 0 < tok_max < model_max:
+            st_max = tok_max
+    resolved_max = int(st_max or model_max)
     if max_length is not None:
         if max_length < 1 or max_length > model_max:
             raise ModelConfigError(f"--max-length {max_length} is outside 1..{model_max} for this model")
