@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import typer
 
 from embedcli import __version__
+from embedcli.run_options import unattended
 
 app = typer.Typer(
     name="embedcli",
@@ -100,7 +102,7 @@ OPT_MODEL = typer.Option(
 OPT_DEVICE = typer.Option("auto", "--device", envvar=_env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_DTYPE = typer.Option(
     "auto", "--dtype", envvar=_env("dtype"), rich_help_panel=MODEL,
-    help="auto, float32, bfloat16, float16 (auto: float32 on CPU, bfloat16 on CUDA).",
+    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX), else float32). Use float32 for bit-level parity with sentence-transformers.",
 )
 OPT_PICKLE = typer.Option(
     False, "--allow-pickle", envvar=_env("allow-pickle"), rich_help_panel=MODEL, help="Allow loading pickle (.bin) weights; off: safetensors only."
@@ -110,7 +112,9 @@ OPT_REMOTE = typer.Option(
 )
 OPT_MAX_TOKENS = typer.Option(
     None, "--max-batch-tokens", envvar=_env("max-batch-tokens"), rich_help_panel=BATCHING,
-    help="Token budget of one packed forward (default: 2048 on CPU, 16384 on CUDA).",
+    help="Token budget of one packed forward (default: 2048 on CPU, 65536 on CUDA). A longer input runs "
+    "in slices with a KV cache on a decoder (sliced_rows in --stats), alone in its own forward on an "
+    "encoder (solo_rows).",
 )
 OPT_MAX_LENGTH = typer.Option(
     None, "--max-length", envvar=_env("max-length"), rich_help_panel=BATCHING, help="Truncate inputs to this many tokens (default: the model's max length)."
@@ -133,9 +137,80 @@ def _cols(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
+# Options of the task commands (rerank, score, classify, token-embed, token-classify) ----------------------
+OPT_TRUNC_SIDE = typer.Option(
+    "right", "--truncation-side", envvar=_env("truncation-side"), rich_help_panel=BATCHING,
+    help="Which end of an over-long input is cut: right keeps the start, left keeps the end.",
+)
+OPT_LONG_NO_CHUNK = typer.Option(
+    "truncate", "--long-inputs", envvar=_env("long-inputs"), rich_help_panel=BATCHING,
+    help="Inputs longer than the max length: truncate (cut to --max-length; the count goes to stderr and "
+    "--stats) or error (exit 1 naming the row, its file/line and id, and its token count).",
+)
+OPT_STRIP = typer.Option(
+    True, "--strip/--no-strip", envvar=_env("strip"), rich_help_panel=INPUT,
+    help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
+)
+OPT_ACTIVATION = typer.Option(
+    "auto", "--activation", envvar=_env("activation"), rich_help_panel=MODEL,
+    help="Activation on the (calibrated) logits. auto: the model config's problem_type (regression: none, "
+    "single-label: softmax, multi-label: sigmoid per label), else its sentence-transformers activation_fn, "
+    "else sigmoid for one label and softmax for more (vLLM's rule).",
+)
+OPT_LOGIT_MEAN = typer.Option(
+    None, "--logit-mean", envvar=_env("logit-mean"), rich_help_panel=MODEL,
+    help="Calibration: subtract from the logits before the activation (default: config.json's logit_mean, "
+    "or its legacy logit_bias, else none).",
+)
+OPT_LOGIT_SIGMA = typer.Option(
+    None, "--logit-sigma", envvar=_env("logit-sigma"), rich_help_panel=MODEL,
+    help="Calibration: divide the logits by this after --logit-mean (default: config.json's logit_sigma, or "
+    "1/logit_scale, else none); act((logit - mean) / sigma).",
+)
+OPT_KEEP_SPECIAL = typer.Option(
+    False, "--keep-special", envvar=_env("keep-special"), rich_help_panel=OUTPUT,
+    help="Keep the tokens the tokenizer adds (CLS/SEP/BOS/EOS/PAD); dropped by default.",
+)
+OPT_STEP_TAG = typer.Option(
+    None, "--step-tag-id", envvar=_env("step-tag-id"), rich_help_panel=MODEL,
+    help="Step pooling (process reward models): keep only the tokens whose id is this one.",
+)
+OPT_RETURNED_IDS = typer.Option(
+    "", "--returned-token-ids", envvar=_env("returned-token-ids"), rich_help_panel=MODEL,
+    help="Step pooling: comma-separated label ids (output columns) to keep, e.g. 0,1; the activation then runs "
+    "over the kept columns only (vLLM).",
+)
+OPT_METHOD = typer.Option(
+    "auto", "--method", envvar=_env("method"), rich_help_panel=MODEL,
+    help="How pairs are scored. auto: cross-encoder for a one-label classifier, cosine for an embedding "
+    "model; maxsim: late interaction over per-token vectors (ColBERT style).",
+)
+OPT_RAW_SCORES = typer.Option(
+    False, "--raw-scores", envvar=_env("raw-scores"), rich_help_panel=OUTPUT,
+    help="Cross-encoder: the calibrated logit instead of its sigmoid; maxsim: un-normalized token vectors; "
+    "cosine: no effect.",
+)
+_PAIR_NOTE = (
+    "A cross-encoder reads each pair as a text pair ([CLS] query [SEP] document [SEP], token types from the "
+    "tokenizer); a pair over --max-length is cut longest_first, as sentence-transformers' CrossEncoder: one "
+    "token at a time from whichever side is longer, so a short query stays whole and the document is cut "
+    "first; special tokens count toward the limit. An embedding model scores by cosine (query prompt "
+    "'query', document prompt 'document'/'passage'/'corpus' when the model has them). Whitespace is kept."
+)
+
+
+def _ids(value: str) -> tuple[int, ...] | None:
+    try:
+        ids = tuple(int(x) for x in _cols(value))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: expected comma-separated integers") from None
+    return ids or None
+
+
 @app.command(
     epilog="Example: [bold]embedcli embed corpus.parquet -o vectors.parquet --keep-cols title[/bold]",
 )
+@unattended
 def embed(
     inputs: list[str] = _inputs_opt(),
     output: str = OPT_OUTPUT,
@@ -160,6 +235,46 @@ def embed(
         True, "--strip/--no-strip", envvar=_env("strip"), rich_help_panel=INPUT,
         help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
     ),
+    dimensions: int | None = typer.Option(
+        None, "--dimensions", envvar=_env("dimensions"), rich_help_panel=MODEL,
+        help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. The model must "
+        "declare Matryoshka support (config.json matryoshka_dimensions or is_matryoshka) and N must be one of "
+        "its sizes and at most the embedding size; otherwise exit 2.",
+    ),
+    prompt: str | None = typer.Option(
+        None, "--prompt", envvar=_env("prompt"), rich_help_panel=MODEL,
+        help="Text prepended to every input (--prompt '' disables the model's default prompt).",
+    ),
+    prompt_name: str | None = typer.Option(
+        None, "--prompt-name", envvar=_env("prompt-name"), rich_help_panel=MODEL,
+        help="A prompt from the model's config_sentence_transformers.json (e.g. query, document). Default: its "
+        "default_prompt_name, if any, as sentence-transformers does.",
+    ),
+    long_inputs: Literal["truncate", "error", "chunk"] = typer.Option(
+        "truncate", "--long-inputs", envvar=_env("long-inputs"), rich_help_panel=BATCHING,
+        help="Inputs over the max length. truncate: cut to --max-length (count on stderr and in --stats). "
+        "error: exit 1 naming the row (file, line, id) and its token count. chunk: split the token ids into "
+        "consecutive max-length slices (no overlap; the first keeps CLS, the last SEP), pool each slice "
+        "without normalizing, take the token-count-weighted mean, then L2-normalize the mean once (when "
+        "normalizing): the result IS re-normalized (unit length). vLLM averages already-normalized chunks and "
+        "does not re-normalize; with --no-normalize the two agree.",
+    ),
+    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    precision: Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"] = typer.Option(
+        "float32", "--precision", envvar=_env("precision"), rich_help_panel=OUTPUT,
+        help="Vector type, as sentence-transformers' quantize_embeddings. float16: a cast. int8/uint8: per "
+        "dim, q = clip(floor((x - min) / ((max - min) / 255)), 0, 255), int8 = q - 128; min/max come from "
+        "--calibration, else from the whole output (as one sentence-transformers encode call): the float32 "
+        "vectors are spooled to a temporary file beside the output and quantized in a second pass (no second "
+        "forward); the ranges are stored in the output metadata. binary/ubinary: bit = x > 0, 8 dims per "
+        "byte, most significant bit first, per row (zero-padded); ubinary = the byte, binary = byte - 128.",
+    ),
+    calibration: str | None = typer.Option(
+        None, "--calibration", envvar=_env("calibration"), rich_help_panel=OUTPUT,
+        help="int8/uint8 ranges from this file instead of the whole output: float vectors (.npy, or the "
+        "embedding column of a .parquet/.jsonl) give their per-dim min/max; an earlier int8/uint8 embedcli "
+        "output gives the ranges stored in it (quantize queries like their corpus).",
+    ),
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -171,7 +286,308 @@ def embed(
         lambda: run_embed(
             InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
             ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
-            EmbedOptions(normalize=normalize, max_batch_tokens=max_batch_tokens, strip=strip),
+            EmbedOptions(
+                normalize=normalize, max_batch_tokens=max_batch_tokens, strip=strip, dimensions=dimensions,
+                prompt=prompt, prompt_name=prompt_name, long_inputs=long_inputs, truncation_side=truncation_side,
+                precision=precision, calibration=calibration,
+            ),
+            OutputOptions(output, output_format, quiet, stats),
+        )
+    )
+
+
+@app.command(
+    epilog="Example: [bold]embedcli rerank docs.jsonl --query 'interest rates rise' --top-n 5 "
+    "--return-documents -o -[/bold]",
+)
+def rerank(
+    inputs: list[str] = _inputs_opt(),
+    output: str = OPT_OUTPUT,
+    query: str | None = typer.Option(
+        None, "--query", envvar=_env("query"), rich_help_panel=INPUT, help="One query text (its query_id is 'query')."
+    ),
+    queries: str | None = typer.Option(
+        None, "--queries", envvar=_env("queries"), rich_help_panel=INPUT,
+        help="A file of queries (JSONL, Parquet, CSV/TSV, .txt) with ids; every query is ranked against every document.",
+    ),
+    query_col: str = typer.Option(
+        "text", "--query-col", envvar=_env("query-col"), rich_help_panel=INPUT, help="Column of --queries holding the query."
+    ),
+    query_id_col: str | None = typer.Option(
+        None, "--query-id-col", envvar=_env("query-id-col"), rich_help_panel=INPUT,
+        help="Column of --queries holding its id (default: 'id' if present, else file:line).",
+    ),
+    model: str | None = OPT_MODEL,
+    text_col: str = OPT_TEXT_COL,
+    id_col: str | None = OPT_ID_COL,
+    keep_cols: str = OPT_KEEP,
+    fmt: str | None = OPT_FORMAT,
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+    allow_pickle: bool = OPT_PICKLE,
+    trust_remote_code: bool = OPT_REMOTE,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    max_batch_tokens: int | None = OPT_MAX_TOKENS,
+    max_length: int | None = OPT_MAX_LENGTH,
+    long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
+    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    top_n: int = typer.Option(
+        0, "--top-n", envvar=_env("top-n"), rich_help_panel=OUTPUT, help="Keep the N best documents per query (0: all)."
+    ),
+    return_documents: bool = typer.Option(
+        False, "--return-documents", envvar=_env("return-documents"), rich_help_panel=OUTPUT,
+        help="Add each document's text as a 'text' column.",
+    ),
+    raw_scores: bool = OPT_RAW_SCORES,
+    output_format: str | None = OPT_OUT_FORMAT,
+    quiet: bool = OPT_QUIET,
+    stats: str | None = OPT_STATS,
+) -> None:
+    """Rank documents against a query (or many): query_id, id, score, rank\\[, text] and kept columns.
+
+    Per query, rows are sorted by score descending with a stable sort (ties keep input order), rank 1 first. Documents are streamed; the ids (and texts with --return-documents) of the documents are held in memory and the output is written once all are scored.
+    """
+    from embedcli.jobs import InputOptions, ModelChoice, OutputOptions
+    from embedcli.task_jobs import RerankOptions, run_rerank
+
+    _run(
+        lambda: run_rerank(
+            InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            RerankOptions(
+                method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
+                truncation_side=truncation_side, query=query, queries=queries, query_col=query_col,
+                query_id_col=query_id_col, top_n=top_n, return_documents=return_documents,
+            ),
+            OutputOptions(output, output_format, quiet, stats),
+        )
+    )
+
+
+rerank.__doc__ = inspect.cleandoc(rerank.__doc__ or "") + "\n\n" + _PAIR_NOTE
+
+
+@app.command(
+    epilog="Example: [bold]embedcli score pairs.jsonl --left-col question --right-col answer -o scores.parquet[/bold]",
+)
+@unattended
+def score(
+    inputs: list[str] = _inputs_opt(),
+    output: str = OPT_OUTPUT,
+    left_col: str = typer.Option(
+        "left", "--left-col", envvar=_env("left-col"), rich_help_panel=INPUT, help="Column holding the left (query) text."
+    ),
+    right_col: str = typer.Option(
+        "right", "--right-col", envvar=_env("right-col"), rich_help_panel=INPUT,
+        help="Column holding the right (document) text.",
+    ),
+    left: str | None = typer.Option(
+        None, "--left", envvar=_env("left"), rich_help_panel=INPUT,
+        help="One left text scored against every row's --right-col (1:N) instead of --left-col (1:1).",
+    ),
+    model: str | None = OPT_MODEL,
+    id_col: str | None = OPT_ID_COL,
+    keep_cols: str = OPT_KEEP,
+    fmt: str | None = OPT_FORMAT,
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+    allow_pickle: bool = OPT_PICKLE,
+    trust_remote_code: bool = OPT_REMOTE,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    max_batch_tokens: int | None = OPT_MAX_TOKENS,
+    max_length: int | None = OPT_MAX_LENGTH,
+    long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
+    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    raw_scores: bool = OPT_RAW_SCORES,
+    output_format: str | None = OPT_OUT_FORMAT,
+    quiet: bool = OPT_QUIET,
+    stats: str | None = OPT_STATS,
+) -> None:
+    """Score each row's (left, right) pair, or one --left text against every right: id, score and kept columns."""
+    from embedcli.jobs import InputOptions, ModelChoice, OutputOptions
+    from embedcli.task_jobs import ScoreOptions, run_score
+
+    _run(
+        lambda: run_score(
+            InputOptions(inputs, right_col if left is not None else left_col, id_col, _cols(keep_cols), fmt),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ScoreOptions(
+                method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
+                truncation_side=truncation_side, left_col=left_col, right_col=right_col, left=left,
+            ),
+            OutputOptions(output, output_format, quiet, stats),
+        )
+    )
+
+
+score.__doc__ = inspect.cleandoc(score.__doc__ or "") + "\n\n" + _PAIR_NOTE
+
+
+@app.command(
+    epilog="Example: [bold]embedcli classify news.jsonl -m ./topic-classifier --top-k 2 --all-scores "
+    "-o labels.parquet[/bold]",
+)
+@unattended
+def classify(
+    inputs: list[str] = _inputs_opt(),
+    output: str = OPT_OUTPUT,
+    model: str | None = OPT_MODEL,
+    text_col: str = OPT_TEXT_COL,
+    id_col: str | None = OPT_ID_COL,
+    keep_cols: str = OPT_KEEP,
+    fmt: str | None = OPT_FORMAT,
+    strip: bool = OPT_STRIP,
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+    allow_pickle: bool = OPT_PICKLE,
+    trust_remote_code: bool = OPT_REMOTE,
+    activation: Literal["auto", "softmax", "sigmoid", "none"] = OPT_ACTIVATION,
+    logit_mean: float | None = OPT_LOGIT_MEAN,
+    logit_sigma: float | None = OPT_LOGIT_SIGMA,
+    max_batch_tokens: int | None = OPT_MAX_TOKENS,
+    max_length: int | None = OPT_MAX_LENGTH,
+    long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
+    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    top_k: int = typer.Option(
+        1, "--top-k", envvar=_env("top-k"), rich_help_panel=OUTPUT,
+        help="With K > 1, add top_labels and top_scores: the K best labels, best first (ties in label order).",
+    ),
+    all_scores: bool = typer.Option(
+        False, "--all-scores", envvar=_env("all-scores"), rich_help_panel=OUTPUT,
+        help="Add 'scores': every label's probability in label-id order (names in the output metadata).",
+    ),
+    output_format: str | None = OPT_OUT_FORMAT,
+    quiet: bool = OPT_QUIET,
+    stats: str | None = OPT_STATS,
+) -> None:
+    """Classify each row: id, label (the argmax), score (its probability) and kept columns.
+
+    A one-label model's label is that label whatever the score (vLLM); a multi-label model scores each label independently (sigmoid).
+    """
+    from embedcli.jobs import InputOptions, ModelChoice, OutputOptions
+    from embedcli.task_jobs import ClassifyOptions, run_classify
+
+    _run(
+        lambda: run_classify(
+            InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ClassifyOptions(
+                activation=activation, top_k=top_k, all_scores=all_scores, logit_mean=logit_mean,
+                logit_sigma=logit_sigma, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
+                truncation_side=truncation_side, strip=strip,
+            ),
+            OutputOptions(output, output_format, quiet, stats),
+        )
+    )
+
+
+@app.command(
+    "token-embed",
+    epilog="Example: [bold]embedcli token-embed docs.jsonl -o token-vectors.parquet[/bold]",
+)
+@unattended
+def token_embed(
+    inputs: list[str] = _inputs_opt(),
+    output: str = OPT_OUTPUT,
+    model: str | None = OPT_MODEL,
+    text_col: str = OPT_TEXT_COL,
+    id_col: str | None = OPT_ID_COL,
+    keep_cols: str = OPT_KEEP,
+    fmt: str | None = OPT_FORMAT,
+    strip: bool = OPT_STRIP,
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+    allow_pickle: bool = OPT_PICKLE,
+    trust_remote_code: bool = OPT_REMOTE,
+    dimensions: int | None = typer.Option(
+        None, "--dimensions", envvar=_env("dimensions"), rich_help_panel=MODEL,
+        help="Matryoshka: keep the first N dims of each token vector, then normalize (Matryoshka models only).",
+    ),
+    step_tag_id: int | None = OPT_STEP_TAG,
+    max_batch_tokens: int | None = OPT_MAX_TOKENS,
+    max_length: int | None = OPT_MAX_LENGTH,
+    long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
+    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    normalize: bool | None = typer.Option(
+        None, "--normalize/--no-normalize", envvar=_env("normalize"), rich_help_panel=OUTPUT,
+        help="L2-normalize each token vector (default: as the model says).", show_default=False,
+    ),
+    keep_special: bool = OPT_KEEP_SPECIAL,
+    output_format: str | None = OPT_OUT_FORMAT,
+    quiet: bool = OPT_QUIET,
+    stats: str | None = OPT_STATS,
+) -> None:
+    """Per-token vectors of each row: id, token_ids (list<int32>), embeddings (list<fixed_size_list<float32>\\[d]>)."""
+    from embedcli.jobs import InputOptions, ModelChoice, OutputOptions
+    from embedcli.task_jobs import TokenOptions, run_token_embed
+
+    _run(
+        lambda: run_token_embed(
+            InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            TokenOptions(
+                keep_special=keep_special, step_tag_id=step_tag_id,
+                dimensions=dimensions, normalize=normalize, max_batch_tokens=max_batch_tokens,
+                long_inputs=long_inputs, truncation_side=truncation_side, strip=strip,
+            ),
+            OutputOptions(output, output_format, quiet, stats),
+        )
+    )
+
+
+@app.command(
+    "token-classify",
+    epilog="Example: [bold]embedcli token-classify docs.jsonl -m ./ner-model --all-scores -o tags.parquet[/bold]",
+)
+@unattended
+def token_classify(
+    inputs: list[str] = _inputs_opt(),
+    output: str = OPT_OUTPUT,
+    model: str | None = OPT_MODEL,
+    text_col: str = OPT_TEXT_COL,
+    id_col: str | None = OPT_ID_COL,
+    keep_cols: str = OPT_KEEP,
+    fmt: str | None = OPT_FORMAT,
+    strip: bool = OPT_STRIP,
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+    allow_pickle: bool = OPT_PICKLE,
+    trust_remote_code: bool = OPT_REMOTE,
+    activation: Literal["auto", "softmax", "sigmoid", "none"] = OPT_ACTIVATION,
+    logit_mean: float | None = OPT_LOGIT_MEAN,
+    logit_sigma: float | None = OPT_LOGIT_SIGMA,
+    step_tag_id: int | None = OPT_STEP_TAG,
+    returned_token_ids: str = OPT_RETURNED_IDS,
+    max_batch_tokens: int | None = OPT_MAX_TOKENS,
+    max_length: int | None = OPT_MAX_LENGTH,
+    long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
+    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    keep_special: bool = OPT_KEEP_SPECIAL,
+    all_scores: bool = typer.Option(
+        False, "--all-scores", envvar=_env("all-scores"), rich_help_panel=OUTPUT,
+        help="Add 'probs': every label's probability per token (list<fixed_size_list<float32>\\[labels]>).",
+    ),
+    output_format: str | None = OPT_OUT_FORMAT,
+    quiet: bool = OPT_QUIET,
+    stats: str | None = OPT_STATS,
+) -> None:
+    """Label each token: id, token_ids, labels (list<string>), scores (list<float32>) and kept columns.
+
+    With step pooling (--step-tag-id) only the step-tag tokens are kept, e.g. the per-step scores of a process reward model; --returned-token-ids keeps only those label columns.
+    """
+    from embedcli.jobs import InputOptions, ModelChoice, OutputOptions
+    from embedcli.task_jobs import TokenOptions, run_token_classify
+
+    _run(
+        lambda: run_token_classify(
+            InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            TokenOptions(
+                keep_special=keep_special, step_tag_id=step_tag_id, returned_token_ids=_ids(returned_token_ids),
+                activation=activation, all_scores=all_scores, logit_mean=logit_mean, logit_sigma=logit_sigma,
+                max_batch_tokens=max_batch_tokens, long_inputs=long_inputs, truncation_side=truncation_side,
+                strip=strip,
+            ),
             OutputOptions(output, output_format, quiet, stats),
         )
     )
@@ -184,7 +600,8 @@ def info(
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
 ) -> None:
-    """Show what would run for a model: architecture, pooling, normalize, projector, max length, tasks."""
+    """Show what would run for a model: architecture, pooling, normalize, projector, max length, and the tasks
+    and commands it supports (asking a model for another task is a usage error, exit 2)."""
     from embedcli.jobs import model_info
 
     def show() -> int:
@@ -200,7 +617,7 @@ def info(
         for key in (
             "name", "path", "architecture", "model_type", "head", "seq_pooling_type", "normalize",
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
-            "similarity_fn_name", "commands", "config_hash",
+            "similarity_fn_name", "tasks", "commands", "config_hash",
         ):
             table.add_row(key, str(data.get(key)))
         table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
@@ -244,6 +661,36 @@ def bench(
         return 0
 
     _run(go)
+
+
+@app.command(
+    "inspect",
+    epilog="Example: [bold]embedcli inspect vectors.parquet --check && echo complete[/bold]",
+)
+def inspect_cmd(
+    output: str = typer.Argument(..., help="An output file or shard directory embedcli wrote.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when the output is incomplete or mixed."),
+) -> None:
+    """Show an output's provenance, completeness (rows, shards, staged work of an unfinished run) and errors."""
+    from embedcli.inspect import format_report, inspect_output
+
+    def show() -> int:
+        report = inspect_output(output)
+        if as_json:
+            json.dump(report, sys.stdout, indent=2, default=str)
+            sys.stdout.write("\n")
+        else:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(show_header=False, box=None)
+            for key, value in format_report(report):
+                table.add_row(key, value)
+            Console(soft_wrap=True).print(table)
+        return 1 if check and report["status"] != "complete" else 0
+
+    _run(show)
 
 
 def main() -> None:

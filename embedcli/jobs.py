@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,6 +60,13 @@ class EmbedOptions:
     normalize: bool | None = None
     max_batch_tokens: int | None = None
     strip: bool = True
+    dimensions: int | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+    long_inputs: str = "truncate"
+    truncation_side: str = "right"
+    precision: str = "float32"
+    calibration: str | None = None
 
 
 def load(choice: ModelChoice):  # type: ignore[no-untyped-def]
@@ -141,21 +146,15 @@ def _check_texts(batch: Any) -> None:
             )
 
 
-def read_batches(inputs: InputOptions, extra_text_cols: Sequence[str] = ()) -> Iterator[Any]:
-    """Input batches of every file, streamed, with null texts rejected."""
-    from embedcli.io.readers import read_inputs
+def read_batches(inputs: InputOptions, extra_text_cols: Sequence[str] = ()) -> Iterable[Any]:
+    """Input batches of every file, streamed, with null texts rejected.
 
-    for batch in read_inputs(
-        inputs.paths,
-        text_col=inputs.text_col,
-        id_col=inputs.id_col,
-        keep_cols=inputs.keep_cols,
-        extra_text_cols=extra_text_cols,
-        fmt=inputs.fmt,
-        batch_rows=inputs.batch_rows,
-    ):
-        _check_texts(batch)
-        yield batch
+    Returns a re-readable `BatchSource`: pass it to `run_rows` as is, so the run can fingerprint the
+    inputs, resume, skip bad rows and carry rows over (`--incremental`).
+    """
+    from embedcli.unattended import BatchSource
+
+    return BatchSource(inputs, tuple(extra_text_cols))
 
 
 def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
@@ -179,57 +178,16 @@ def run_rows(
     to_table: Callable[[Any, Any], Any],
     empty_table: Callable[[], Any],
 ) -> int:
-    """Stream input batches through `runner` and commit each result table to one output; returns the exit code.
+    """Stream input batches through `runner` and commit the result tables to one output; returns the exit code.
 
     `to_inputs(batch)` gives the runner's inputs (texts or pairs) for a batch, `to_table(batch, result)`
-    the output rows, `empty_table()` the output's shape when there are no rows.
+    the output rows, `empty_table()` the output's shape when there are no rows. Committing in shards,
+    resume, `--incremental`, bad rows, signals, progress and `--stats` are `embedcli.unattended`'s job
+    (settings from `embedcli.run_options.current_settings()`); 0, or 3 when rows were skipped.
     """
-    from embedcli.io.writers import check_output_path, open_writer
+    from embedcli.unattended import run_pipeline
 
-    check_output_path(output.path)
-    started = time.perf_counter()
-    held: deque[Any] = deque()
-
-    def inputs() -> Iterator[Sequence[Any]]:
-        for batch in batches:
-            held.append(batch)
-            yield to_inputs(batch)
-
-    writer = None
-    seconds_write = 0.0
-    with _progress(output.quiet) as bar:
-        try:
-            for result in runner.map(inputs()):
-                batch = held.popleft()
-                t0 = time.perf_counter()
-                table = to_table(batch, result)
-                if writer is None:
-                    writer = open_writer(output.path, table.schema, meta, fmt=output.fmt)
-                writer.write(table)
-                seconds_write += time.perf_counter() - t0
-                bar.update(len(batch))
-            if writer is None:
-                empty = empty_table()
-                writer = open_writer(output.path, empty.schema, meta, fmt=output.fmt)
-            writer.commit()
-        except BaseException:
-            if writer is not None:
-                writer.abort()
-            raise
-    stats = runner.stats
-    if stats.truncated_rows and not output.quiet:
-        print(
-            f"embedcli: {stats.truncated_rows} of {stats.rows} rows were truncated to {runner.max_length} tokens",
-            file=sys.stderr,
-        )
-    if output.stats_file:
-        report = stats.to_dict()
-        report["seconds"]["write"] = round(seconds_write, 4)
-        report["seconds"]["total"] = round(time.perf_counter() - started, 4)
-        report["peak_rss_mb"] = peak_rss_mb()
-        with open(output.stats_file, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-    return EXIT_OK
+    return run_pipeline(batches, runner, output, meta, to_inputs, to_table, empty_table)
 
 
 def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions) -> int:
@@ -237,9 +195,13 @@ def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, ou
     import pyarrow as pa
 
     from embedcli.io.writers import check_output_path, embedding_array
+    from embedcli.quantize import make_quantizer
     from embedcli.runner import Runner, RunnerOptions
+    from embedcli.task_jobs import embed_prompt, load_spec, located, require_task, run_quantized
 
     check_output_path(output.path)
+    require_task(load_spec(choice), "embed", "embed")
+    quant = make_quantizer(embed.precision, embed.calibration)
     model = load(choice)
     runner = Runner(
         model,
@@ -248,6 +210,10 @@ def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, ou
             max_batch_tokens=embed.max_batch_tokens,
             normalize=embed.normalize,
             strip=embed.strip,
+            dimensions=embed.dimensions,
+            prompt=embed_prompt(model.spec, embed.prompt, embed.prompt_name),
+            long_inputs=embed.long_inputs,  # type: ignore[arg-type]
+            truncation_side=embed.truncation_side,  # type: ignore[arg-type]
         ),
     )
     width = runner.params.dimensions or model.spec.embedding_size
@@ -262,9 +228,17 @@ def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, ou
             {"id": pa.array([], pa.string()), "embedding": embedding_array(np.zeros((0, width), np.float32))}
         )
 
+    meta = provenance(model, runner, quant.config())
+    if quant.precision != "float32":
+        if quant.ranges is not None and quant.ranges.shape[1] != width:
+            raise UsageError(f"--calibration {embed.calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
+        return run_quantized(
+            read_batches(inputs), runner, output, meta, quant,
+            to_inputs=located, to_table=to_table, empty_table=empty_table,
+        )
     return run_rows(
-        read_batches(inputs), runner, output, provenance(model, runner),
-        to_inputs=lambda batch: batch.texts, to_table=to_table, empty_table=empty_table,
+        read_batches(inputs), runner, output, meta,
+        to_inputs=located, to_table=to_table, empty_table=empty_table,
     )
 
 
@@ -280,16 +254,9 @@ def model_info(model: str | None, *, allow_pickle: bool = False, trust_remote_co
     from embedcli.models.spec import load_model_spec
 
     spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    from embedcli.task_jobs import commands_for
+
     info = spec.to_dict()
-    commands = []
-    if "embed" in spec.tasks:
-        commands += ["embed", "token-embed"]
-    if spec.score_type:
-        commands += ["rerank", "score"]
-    if "classify" in spec.tasks:
-        commands.append("classify")
-    if "token_classify" in spec.tasks:
-        commands.append("token-classify")
-    info["commands"] = commands
+    info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
     return info

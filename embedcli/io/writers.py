@@ -77,7 +77,9 @@ def check_output_path(path: str) -> None:
     """Raise OutputError unless a file can be created at `path` (`-`, stdout, always passes)."""
     if path == STDIN:
         return
-    if os.path.isdir(path):
+    if _shards_dir_output(path):  # a directory of shards: its parent must be writable
+        path = os.path.abspath(path.rstrip("/" + os.sep) or path)
+    elif os.path.isdir(path):
         raise OutputError(
             path, "is a directory", fix=f"name a file, e.g. {os.path.join(path, 'embeddings.parquet')}"
         )
@@ -94,6 +96,16 @@ def check_output_path(path: str) -> None:
             f"permission denied: cannot create files in {parent!r}",
             fix="choose a directory you can write to",
         )
+
+
+def _shards_dir_output(path: str) -> bool:
+    """An `-o` that names a directory of shards: a trailing /, `--shards-dir`, or a directory embedcli wrote."""
+    if path.endswith(("/", os.sep)):
+        return True
+    from embedcli.io.manifest import manifest_path
+    from embedcli.run_options import current_settings
+
+    return os.path.isfile(manifest_path(path)) or current_settings().shards_dir
 
 
 def _os_error(path: str, e: OSError) -> OutputError:

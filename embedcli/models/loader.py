@@ -134,6 +134,19 @@ class ModelOptions:
     logit_sigma: float | None = None
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
+    quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
+
+
+def quantize_linear_int8(module: nn.Module) -> nn.Module:
+    """Int8 dynamic quantization (per output channel) of every Linear layer; CPU only, lossy, opt-in."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch.ao.quantization is deprecated in favour of torchao, which is not a dependency here.
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
 class LoadedModel:
@@ -204,6 +217,10 @@ class LoadedModel:
         except (OSError, ValueError, RuntimeError) as e:
             raise ModelConfigError(f"{spec.path}: the model weights could not be loaded: {e}") from e
         model = model.to(self.device).eval()
+        if self.options.quantize:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ModelConfigError("--quantize (int8 dynamic) runs on CPU with --dtype float32 only")
+            model = quantize_linear_int8(model)
         classifier: nn.Module | None = None
         if spec.head == "base":
             backbone = model

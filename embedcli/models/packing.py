@@ -141,6 +141,11 @@ def packed_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-interface entry: `[1, heads, total, dim]` in, `[1, total, heads, dim]` out."""
     pack = kwargs.get("embedcli_pack")
+    prefix = kwargs.get("embedcli_prefix")
+    if prefix is not None:
+        # Chunked prefill: the last rows are a slice of a long sequence attending to its KV cache
+        # (see embedcli.models.kv_cache); `pack` then covers only the rows before it (or is None).
+        return prefix.attention(module, query, key, value, pack, scaling)  # type: ignore[attr-defined]
     if not isinstance(pack, PackInfo):
         raise RuntimeError(
             f"{ATTN_IMPLEMENTATION} attention needs the packed-batch info (embedcli_pack=...) in the forward call"

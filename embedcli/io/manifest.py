@@ -1,0 +1,324 @@
+"""The resume manifest of an output, its staging area, the lock that keeps two runs apart, and job keys.
+
+Layout of the staging area of `-o OUT` (`OUT.embedcli-staging/`, next to OUT so renames stay atomic)::
+
+    part-000000.parquet            committed shards, rows in input order (one file per commit)
+    _embedcli/manifest.json        this manifest: the only source of truth about what is committed
+    _embedcli/index-000000.parquet (id, key) of every row of part-000000, for --incremental
+    _embedcli/errors-000000.jsonl  rows skipped under --on-error skip while making part-000000
+    .part-000001.parquet.tmp-PID   a shard being written (deleted as stale when a run resumes)
+
+A shard is committed by renaming its files into place and then rewriting the manifest atomically
+(temp file, fsync, rename). Files the manifest does not list are leftovers of a killed run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from embedcli.io.errors import OutputError
+
+MANIFEST_FORMAT = "embedcli-manifest"
+MANIFEST_VERSION = 1
+STAGING_SUFFIX = ".embedcli-staging"
+OLD_SUFFIX = ".embedcli-old"
+INDEX_SUFFIX = ".embedcli-index.parquet"
+META_DIR = "_embedcli"
+MANIFEST_NAME = "manifest.json"
+
+# Keys of the Parquet key-value metadata (or the JSONL/npy sidecar's "metadata") that describe a run.
+KEY_CONFIG = "embedcli.config_hash"
+KEY_MODEL = "embedcli.model_hash"
+KEY_CONFIG_KEY = "embedcli.config_key"
+KEY_JOB = "embedcli.job_key"
+KEY_OUTPUT = "embedcli.output_key"
+KEY_INPUTS = "embedcli.inputs"
+KEY_INPUT_OPTIONS = "embedcli.input_options"
+KEY_ROWS = "embedcli.rows"
+KEY_RECORDS = "embedcli.input_records"
+KEY_SKIPPED = "embedcli.skipped_rows"
+KEY_ERRORS = "embedcli.errors"
+KEY_COMPLETE = "embedcli.complete"
+
+
+def _sha(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def strip_slash(path: str) -> str:
+    """`out/` → `out` (the root `/` stays)."""
+    stripped = path.rstrip("/" + os.sep)
+    return stripped or path
+
+
+def staging_dir(output: str) -> str:
+    """The staging area of an output path (file or directory): `OUT.embedcli-staging`."""
+    return os.path.abspath(strip_slash(output)) + STAGING_SUFFIX
+
+
+def index_sidecar(output: str) -> str:
+    """The (id, key) index kept next to a single-file output: `OUT.embedcli-index.parquet`."""
+    return os.path.abspath(output) + INDEX_SUFFIX
+
+
+def config_key(meta: Mapping[str, str], input_options: Mapping[str, Any], output_format: str) -> str:
+    """What must match for work to be mixed: resolved config and model hashes, input options, format."""
+    return _sha(
+        {
+            "config_hash": meta.get(KEY_CONFIG),
+            "model_hash": meta.get(KEY_MODEL),
+            "input_options": dict(input_options),
+            "output_format": output_format,
+        }
+    )
+
+
+def job_key(cfg_key: str, fingerprints: list[dict[str, Any]] | None) -> str | None:
+    """Config plus the exact inputs (None when an input, e.g. stdin, cannot be fingerprinted)."""
+    if fingerprints is None:
+        return None
+    return _sha({"config_key": cfg_key, "inputs": fingerprints})
+
+
+# --------------------------------------------------------------------------------------------------
+# Atomic files
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so a rename in it is durable (ignored where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def tmp_name(path: str) -> str:
+    """The staging name `.NAME.tmp-PID` of `path`, in the same directory."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temp file, fsync and rename; the old file stays on any error."""
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def write_json_atomic(path: str, payload: Any) -> None:
+    """JSON (indented, sorted keys) written with `write_atomic`."""
+    write_atomic(path, json.dumps(payload, indent=1, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+
+
+def output_error(path: str, e: OSError, resumable: bool = True) -> OutputError:
+    """An OutputError for an OSError while writing, saying how to resume (full disk gets its own fix)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space and rerun the same command: committed work is kept and the run resumes"
+    elif isinstance(e, PermissionError):
+        fix = "choose a directory you can write to"
+    else:
+        fix = "rerun the same command once the problem is fixed; committed work is kept" if resumable else None
+    return OutputError(path, e.strerror or str(e), fix=fix)
+
+
+# --------------------------------------------------------------------------------------------------
+# The manifest
+
+
+@dataclass
+class ShardEntry:
+    """One committed shard: its data file (None when every row was skipped), rows, input records, errors."""
+
+    number: int
+    file: str | None
+    rows: int
+    records: list[int]  # [start, end) in the order records come out of the readers
+    errors: int = 0
+    index: str | None = None
+    errors_file: str | None = None
+
+
+@dataclass
+class Manifest:
+    """What a run has committed, and what it was made from."""
+
+    config_key: str
+    job_key: str | None
+    config: dict[str, str]
+    input_options: dict[str, Any]
+    inputs: list[dict[str, Any]] | None
+    output_format: str
+    mode: str = "file"  # "file": assembled into one file at the end; "dir": published as a shard directory
+    shards: list[ShardEntry] = field(default_factory=list)
+    records_done: int = 0
+    rows_done: int = 0
+    errors: int = 0
+    indexed: bool = True
+    complete: bool = False
+    output_key: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    format: str = MANIFEST_FORMAT
+    version: int = MANIFEST_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        """Parse a manifest (ValueError when it is not one)."""
+        if data.get("format") != MANIFEST_FORMAT:
+            raise ValueError("not an embedcli manifest")
+        if int(data.get("version", 0)) > MANIFEST_VERSION:
+            raise ValueError(f"manifest version {data.get('version')} is newer than this embedcli")
+        fields = dict(data)
+        fields["shards"] = [ShardEntry(**s) for s in data.get("shards", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in fields.items() if k in known})
+
+    def save(self, root: str) -> None:
+        """Write atomically to `root/_embedcli/manifest.json`."""
+        meta_dir = os.path.join(root, META_DIR)
+        os.makedirs(meta_dir, exist_ok=True)
+        write_json_atomic(os.path.join(meta_dir, MANIFEST_NAME), self.to_dict())
+
+    @classmethod
+    def load(cls, root: str) -> Manifest | None:
+        """The manifest of a staging area or shard directory; None when absent or unreadable."""
+        path = manifest_path(root)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return cls.from_dict(json.load(f))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @property
+    def skipped(self) -> int:
+        """Input records that produced no row (bad rows skipped under --on-error skip)."""
+        return self.errors
+
+
+def manifest_path(root: str) -> str:
+    """`root/_embedcli/manifest.json`."""
+    return os.path.join(root, META_DIR, MANIFEST_NAME)
+
+
+# --------------------------------------------------------------------------------------------------
+# Locking
+
+
+class StagingLock:
+    """An exclusive, non-blocking flock on the staging directory; released by the kernel if the process dies."""
+
+    def __init__(self, root: str, output: str) -> None:
+        self.root = root
+        self.output = output
+        self._fd: int | None = None
+
+    def acquire(self) -> StagingLock:
+        """Take the lock, or raise OutputError when another run holds it."""
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(
+                self.output,
+                "another embedcli run is writing this output right now",
+                fix="wait for it to finish (or stop it), then rerun",
+            ) from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> StagingLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading what an existing output says about itself
+
+
+def read_json_file(path: str) -> dict[str, Any] | None:
+    """A JSON object from a file, or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
+    """The embedcli key-value metadata of an existing output file or shard directory, or None.
+
+    Parquet: the file's key-value metadata; JSONL/npy: the `.meta.json` sidecar; a directory: its
+    manifest's metadata. None when the path does not exist or carries no embedcli metadata.
+    """
+    if os.path.isdir(path):
+        manifest = Manifest.load(path)
+        return dict(manifest.metadata) if manifest and manifest.metadata else None
+    if not os.path.isfile(path):
+        return None
+    from embedcli.io.writers import output_format
+
+    kind = output_format(path, fmt)
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            raw = pq.read_schema(path).metadata or {}
+        except (pa.ArrowException, OSError):
+            return None
+        meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
+    else:
+        sidecar = read_json_file(f"{path}.meta.json")
+        if not sidecar or not isinstance(sidecar.get("metadata"), dict):
+            return None
+        meta = {str(k): str(v) for k, v in sidecar["metadata"].items()}
+    return meta if any(k.startswith("embedcli.") for k in meta) else None
+
+
+def iter_tmp_files(directory: str) -> Iterator[str]:
+    """Paths of `.NAME.tmp-PID` leftovers in a directory."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(".") and ".tmp-" in name:
+            yield os.path.join(directory, name)

@@ -1,0 +1,637 @@
+"""Shards: committing work in pieces through a staging area, assembling or publishing the result, and
+reading a previous output back for `--incremental`.
+
+See `embedcli.io.manifest` for the staging layout. A run writes one shard at a time
+(`part-NNNNNN.parquet`, always Parquet); every commit renames the shard's files into place and then
+rewrites the manifest. At the end the shards are either assembled into the single file the user named
+(any output format, written to a temp file and renamed) or the staging directory itself is renamed
+into place as a directory of shards. Until that last rename nothing appears at the output path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.io.errors import InputError, OutputError
+from embedcli.io.manifest import (
+    INDEX_SUFFIX,
+    KEY_COMPLETE,
+    KEY_CONFIG_KEY,
+    KEY_INPUT_OPTIONS,
+    KEY_OUTPUT,
+    META_DIR,
+    OLD_SUFFIX,
+    Manifest,
+    ShardEntry,
+    fsync_dir,
+    iter_tmp_files,
+    manifest_path,
+    output_error,
+    output_metadata,
+    tmp_name,
+    write_atomic,
+)
+
+KEY_WIDTH = 16
+KEY_TYPE = pa.binary(KEY_WIDTH)
+FINAL_ROW_GROUP_ROWS = 8192
+"""Row-group size of an assembled Parquet output, whatever the shard sizes were (so bytes match)."""
+
+
+def shard_name(number: int) -> str:
+    """`part-000123.parquet`."""
+    return f"part-{number:06d}.parquet"
+
+
+def _index_name(number: int) -> str:
+    return f"{META_DIR}/index-{number:06d}.parquet"
+
+
+def _errors_name(number: int) -> str:
+    return f"{META_DIR}/errors-{number:06d}.jsonl"
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def keys_array(keys: np.ndarray) -> pa.Array:
+    """A numpy `S16` array as an Arrow `fixed_size_binary(16)` array."""
+    data = np.ascontiguousarray(keys, dtype=f"S{KEY_WIDTH}")
+    return pa.Array.from_buffers(KEY_TYPE, len(data), [None, pa.py_buffer(data.tobytes())])
+
+
+def keys_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A `fixed_size_binary(16)` column as a numpy `S16` array (copied)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], KEY_TYPE)
+    if len(column) == 0:
+        return np.zeros(0, dtype=f"S{KEY_WIDTH}")
+    buf = column.buffers()[1]
+    raw = np.frombuffer(buf, dtype=np.uint8)[column.offset * KEY_WIDTH : (column.offset + len(column)) * KEY_WIDTH]
+    return raw.view(f"S{KEY_WIDTH}").copy()
+
+
+def row_keys(
+    ids: Sequence[str], texts: Sequence[str], extra: Mapping[str, Sequence[str | None]] | None = None
+) -> np.ndarray:
+    """One 16-byte key per row: BLAKE2b of the id and every text it is computed from (length-prefixed)."""
+    n = len(ids)
+    out = np.empty(n, dtype=f"S{KEY_WIDTH}")
+    extra_cols = [extra[c] for c in sorted(extra)] if extra else []
+    for i in range(n):
+        h = hashlib.blake2b(digest_size=KEY_WIDTH)
+        for value in (ids[i], texts[i], *(col[i] for col in extra_cols)):
+            data = b"\xff" if value is None else value.encode("utf-8", "surrogatepass")
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+        out[i] = h.digest()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing shards
+
+
+class ShardStore:
+    """The staging directory of one run: writes the current shard, commits it, keeps the manifest."""
+
+    def __init__(self, root: str, manifest: Manifest, meta: Mapping[str, str], output: str) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.meta = dict(meta)
+        self.output = output
+        self.schema: pa.Schema | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: str | None = None
+        self._data_file: str | None = None
+        self._rows = 0
+        self._keys: list[np.ndarray] = []
+        self._errors: list[dict[str, Any]] = []
+        os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
+        first = next((s for s in manifest.shards if s.file), None)
+        if first is not None:
+            self.schema = pq.read_schema(os.path.join(root, first.file)).remove_metadata()
+
+    # -- housekeeping ----------------------------------------------------------------------------
+    def clean_stale(self) -> list[str]:
+        """Delete temp files and shard files the manifest does not list (left by a killed run)."""
+        keep = {os.path.join(self.root, META_DIR, "manifest.json")}
+        for s in self.manifest.shards:
+            for name in (s.file, s.index, s.errors_file):
+                if name:
+                    keep.add(os.path.join(self.root, name))
+        removed = []
+        for directory in (self.root, os.path.join(self.root, META_DIR)):
+            try:
+                names = os.listdir(directory)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(directory, name)
+                if path in keep or os.path.isdir(path):
+                    continue
+                _unlink(path)
+                removed.append(path)
+        return removed
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows written to the shard in progress."""
+        return self._rows
+
+    @property
+    def pending_errors(self) -> list[dict[str, Any]]:
+        """Error records of the shard in progress."""
+        return list(self._errors)
+
+    # -- the shard in progress -------------------------------------------------------------------
+    def conform(self, table: pa.Table) -> pa.Table:
+        """`table` in the column order and types of the shards already written."""
+        if self.schema is None:
+            return table
+        if table.schema.equals(self.schema, check_metadata=False):
+            return table
+        if sorted(table.column_names) != sorted(self.schema.names):
+            raise ValueError(f"result columns {table.column_names} do not match the output's {self.schema.names}")
+        return table.select(self.schema.names).cast(self.schema)
+
+    def write(self, table: pa.Table, keys: np.ndarray | None) -> None:
+        """Append result rows (and their row keys, or None when rows are not one per input record)."""
+        table = self.conform(table)
+        if self.schema is None:
+            self.schema = table.schema.remove_metadata()
+        number = len(self.manifest.shards)
+        path = os.path.join(self.root, shard_name(number))
+        try:
+            if self._writer is None:
+                self._tmp = tmp_name(path)
+                schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
+                self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+            self._writer.write_table(table)
+        except OSError as e:
+            self.abort()
+            raise output_error(self.output, e) from None
+        self._rows += table.num_rows
+        if keys is None:
+            self.manifest.indexed = False
+        elif self.manifest.indexed:
+            self._keys.append(keys)
+
+    def add_errors(self, records: Iterable[dict[str, Any]]) -> None:
+        """Bad rows of the shard in progress (committed with it)."""
+        self._errors.extend(records)
+
+    def abort(self) -> None:
+        """Drop the shard in progress (its rows will be recomputed)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        self._writer = None
+        _unlink(self._tmp)
+        self._tmp = None
+        self._data_file = None
+        self._rows = 0
+        self._keys = []
+        self._errors = []
+
+    def commit(self, records_end: int) -> ShardEntry | None:
+        """Commit the shard in progress as consuming input records up to `records_end`.
+
+        Data, index and errors files are renamed into place first; the manifest rewrite is the commit.
+        Safe to call again after an interruption part-way.
+        """
+        start = self.manifest.records_done
+        if records_end <= start and not self._rows and not self._errors:
+            return None
+        number = len(self.manifest.shards)
+        entry = ShardEntry(number=number, file=None, rows=self._rows, records=[start, records_end])
+        written: list[str] = []
+        try:
+            if self._writer is not None:
+                writer, self._writer = self._writer, None
+                writer.close()
+            if self._tmp is not None:
+                _fsync_file(self._tmp)
+                os.replace(self._tmp, os.path.join(self.root, shard_name(number)))
+                self._tmp = None
+                self._data_file = shard_name(number)
+            if self._data_file is not None:
+                written.append(os.path.join(self.root, self._data_file))
+                entry.file = self._data_file
+            if self.manifest.indexed and self._rows:
+                keys = np.concatenate(self._keys) if self._keys else np.zeros(0, f"S{KEY_WIDTH}")
+                if len(keys) != self._rows:
+                    self.manifest.indexed = False
+                else:
+                    path = os.path.join(self.root, _index_name(number))
+                    sink = pa.BufferOutputStream()
+                    pq.write_table(pa.table({"key": keys_array(keys)}), sink, compression="zstd")
+                    write_atomic(path, sink.getvalue().to_pybytes())
+                    written.append(path)
+                    entry.index = _index_name(number)
+            if self._errors:
+                path = os.path.join(self.root, _errors_name(number))
+                lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._errors)
+                write_atomic(path, lines.encode("utf-8"))
+                written.append(path)
+                entry.errors_file = _errors_name(number)
+                entry.errors = len(self._errors)
+            fsync_dir(self.root)
+            manifest = self.manifest
+            manifest.shards.append(entry)
+            manifest.records_done = records_end
+            manifest.rows_done += entry.rows
+            manifest.errors += entry.errors
+            try:
+                manifest.save(self.root)
+            except BaseException:
+                manifest.shards.pop()
+                manifest.records_done = start
+                manifest.rows_done -= entry.rows
+                manifest.errors -= entry.errors
+                raise
+        except OSError as e:
+            for path in written:  # not in the manifest: a later run recomputes these rows
+                _unlink(path)
+            self.abort()
+            raise output_error(self.output, e) from None
+        self._data_file = None
+        self._rows = 0
+        self._keys = []
+        self._errors = []
+        return entry
+
+    # -- reading committed work ------------------------------------------------------------------
+    def shard_files(self) -> list[str]:
+        """Committed data files, in order."""
+        return [os.path.join(self.root, s.file) for s in self.manifest.shards if s.file]
+
+    def committed_errors(self) -> Iterator[dict[str, Any]]:
+        """Error records of every committed shard, in order."""
+        yield from committed_errors(self.root, self.manifest)
+
+
+def committed_errors(root: str, manifest: Manifest) -> Iterator[dict[str, Any]]:
+    """Error records of every committed shard of a staging area or shard directory, in order."""
+    for s in manifest.shards:
+        if not s.errors_file:
+            continue
+        try:
+            with open(os.path.join(root, s.errors_file), encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        yield json.loads(line)
+        except (OSError, ValueError):
+            continue
+
+
+# --------------------------------------------------------------------------------------------------
+# Finishing
+
+
+def _rechunked(files: Sequence[str], schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
+    """The rows of `files` in order, as tables of exactly `rows` rows (the last one shorter)."""
+    buffer: list[pa.Table] = []
+    count = 0
+    for path in files:
+        with pq.ParquetFile(path) as pf:
+            for rb in pf.iter_batches(batch_size=rows):
+                t = pa.Table.from_batches([rb])
+                if not t.schema.equals(schema, check_metadata=False):
+                    t = t.select(schema.names).cast(schema)
+                buffer.append(t.replace_schema_metadata(None))
+                count += rb.num_rows
+                while count >= rows:
+                    whole = pa.concat_tables(buffer)
+                    yield whole.slice(0, rows).combine_chunks()
+                    rest = whole.slice(rows)
+                    buffer = [rest] if rest.num_rows else []
+                    count = rest.num_rows
+    if count:
+        yield pa.concat_tables(buffer).combine_chunks()
+
+
+def index_digest(config_key: str, index_files: Sequence[str]) -> tuple[str, int]:
+    """The output key (hash of the config and every row key, in order) and the number of keys."""
+    h = hashlib.sha256(config_key.encode())
+    n = 0
+    for path in index_files:
+        keys = keys_numpy(pq.read_table(path).column("key"))
+        h.update(keys.tobytes())
+        n += len(keys)
+    return h.hexdigest()[:32], n
+
+
+def output_key_for(root: str, manifest: Manifest) -> str:
+    """The content key of a finished run (over row keys when indexed, else over the manifest)."""
+    if manifest.indexed:
+        files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
+        return index_digest(manifest.config_key, files)[0]
+    payload = json.dumps([manifest.config_key, manifest.inputs, [s.rows for s in manifest.shards]], default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: str) -> str | None:
+    """Stage `OUT.embedcli-index.parquet` (all row keys in output order); returns its temp path."""
+    if not manifest.indexed:
+        return None
+    files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
+    tmp = tmp_name(path)
+    schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for f in files:
+            writer.write_table(pq.read_table(f).replace_schema_metadata(None).cast(schema))
+    _fsync_file(tmp)
+    return tmp
+
+
+def assemble_file(
+    root: str,
+    manifest: Manifest,
+    output: str,
+    fmt: str | None,
+    meta: Mapping[str, str],
+    empty_schema: pa.Schema,
+) -> str:
+    """Assemble the committed shards into the single output file (temp file + rename); returns the output key.
+
+    The index sidecar is renamed into place first, the data file last: its appearance is the commit.
+    """
+    from embedcli.io.writers import ResultWriter, open_writer
+
+    files = [os.path.join(root, s.file) for s in manifest.shards if s.file]
+    schema = pq.read_schema(files[0]).remove_metadata() if files else empty_schema.remove_metadata()
+    output_key = output_key_for(root, manifest)
+    final_meta = {**meta, KEY_OUTPUT: output_key, KEY_COMPLETE: "true"}
+    sidecar = os.path.abspath(output) + INDEX_SUFFIX
+    sidecar_tmp: str | None = None
+    writer: ResultWriter | None = None
+    try:
+        sidecar_tmp = _write_index_sidecar(root, manifest, sidecar, output_key)
+        writer = open_writer(output, schema, final_meta, fmt=fmt)
+        for table in _rechunked(files, schema, FINAL_ROW_GROUP_ROWS):
+            writer.write(table)
+        if sidecar_tmp is not None:
+            os.replace(sidecar_tmp, sidecar)
+            sidecar_tmp = None
+        else:
+            _unlink(sidecar)  # a stale index of an earlier output must not describe this one
+        writer.commit()
+    except OSError as e:
+        if writer is not None:
+            writer.abort()
+        _unlink(sidecar_tmp)
+        raise output_error(output, e) from None
+    except OutputError as e:
+        if writer is not None:
+            writer.abort()
+        _unlink(sidecar_tmp)
+        raise OutputError(
+            output, e.reason, fix=e.fix or "rerun the same command once fixed: committed work is kept"
+        ) from None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        _unlink(sidecar_tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(output)))
+    return output_key
+
+
+def publish_dir(root: str, manifest: Manifest, output_dir: str, meta: Mapping[str, str]) -> str:
+    """Mark the staging area complete and rename it onto `output_dir` (an older version is moved aside)."""
+    output_key = output_key_for(root, manifest)
+    manifest.complete = True
+    manifest.output_key = output_key
+    manifest.metadata = {**meta, KEY_OUTPUT: output_key, KEY_COMPLETE: "true"}
+    manifest.save(root)
+    old = output_dir + OLD_SUFFIX
+    if os.path.lexists(output_dir):
+        if os.path.lexists(old):
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(output_dir, old)
+    os.rename(root, output_dir)
+    fsync_dir(os.path.dirname(output_dir))
+    shutil.rmtree(old, ignore_errors=True)
+    return output_key
+
+
+def recover_dir(output_dir: str, root: str) -> None:
+    """Finish or undo a directory swap a killed run left half done."""
+    old = output_dir + OLD_SUFFIX
+    if not os.path.lexists(old):
+        return
+    if os.path.lexists(output_dir):
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    staged = Manifest.load(root)
+    if staged is not None and staged.complete:
+        os.rename(root, output_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(old, output_dir)
+
+
+def clear_dir(root: str) -> None:
+    """Empty a staging directory but keep it (the lock is held on its inode)."""
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            _unlink(path)
+
+
+def remove_tmp_files(directory: str, stem: str) -> None:
+    """Delete `.STEM.tmp-PID` (and its sidecars' `.STEM.meta.json.tmp-PID`…) left by a killed assembly."""
+    names = [stem, stem + INDEX_SUFFIX, stem + ".meta.json", stem + ".ids.jsonl"]
+    prefixes = tuple(f".{n}.tmp-" for n in names)
+    for path in iter_tmp_files(directory):
+        if os.path.basename(path).startswith(prefixes):
+            _unlink(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a previous output back (--incremental)
+
+
+class PreviousOutput:
+    """A finished embedcli output (Parquet file or shard directory) with its row-key index.
+
+    `lookup(keys)` gives the row of each key (-1 when absent); `take(rows, columns)` reads those rows,
+    a row group at a time through a small cache, so a corpus in a stable order reads each group once.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        metadata: dict[str, str],
+        segments: list[tuple[str, int, int]],
+        schema: pa.Schema,
+        keys: np.ndarray | None,
+    ) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.schema = schema
+        self._files = [s[0] for s in segments]
+        self._groups = [s[1] for s in segments]
+        counts = np.asarray([s[2] for s in segments], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)]) if len(counts) else np.zeros(1, np.int64)
+        self.rows = int(self._starts[-1])
+        self.keys_ok = keys is not None and len(keys) == self.rows
+        if self.keys_ok:
+            assert keys is not None
+            self._order = np.argsort(keys, kind="stable")
+            self._sorted = keys[self._order]
+        else:
+            self._order = np.zeros(0, np.int64)
+            self._sorted = np.zeros(0, f"S{KEY_WIDTH}")
+        self._cache: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
+        self._files_open: dict[str, pq.ParquetFile] = {}
+
+    @property
+    def keep_cols(self) -> list[str]:
+        """The kept input columns the previous output carried."""
+        try:
+            return list(json.loads(self.metadata.get(KEY_INPUT_OPTIONS, "{}")).get("keep_cols") or [])
+        except ValueError:
+            return []
+
+    @classmethod
+    def open(cls, path: str) -> PreviousOutput:
+        """Open a previous output; InputError when it is missing or not an embedcli Parquet output."""
+        path = os.path.abspath(path.rstrip("/") or path)
+        if not os.path.exists(path):
+            raise InputError(path, "no such previous output", fix="check --previous, or drop it for a full run")
+        meta = output_metadata(path)
+        if meta is None:
+            raise InputError(
+                path,
+                "not an embedcli output (no embedcli metadata)",
+                fix="point --previous at an output embedcli wrote, or drop --incremental",
+            )
+        if os.path.isdir(path):
+            manifest = Manifest.load(path)
+            assert manifest is not None
+            segments: list[tuple[str, int, int]] = []
+            schema = None
+            for s in manifest.shards:
+                if not s.file:
+                    continue
+                f = os.path.join(path, s.file)
+                md = pq.ParquetFile(f).metadata
+                schema = schema or pq.read_schema(f)
+                segments += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+            keys = None
+            if manifest.indexed:
+                files = [os.path.join(path, s.index) for s in manifest.shards if s.index]
+                keys = np.concatenate([keys_numpy(pq.read_table(f).column("key")) for f in files]) if files else None
+            if schema is None:
+                return cls(path, meta, [], pa.schema([]), np.zeros(0, f"S{KEY_WIDTH}"))
+            return cls(path, meta, segments, schema, keys)
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(
+                path, f"the previous output is not a readable Parquet file: {e}", fix="drop --incremental"
+            ) from None
+        md = pf.metadata
+        segments = [(path, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+        keys = None
+        sidecar = path + INDEX_SUFFIX
+        if os.path.isfile(sidecar):
+            try:
+                index = pq.read_table(sidecar)
+                tag = (index.schema.metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
+                if tag and tag == meta.get(KEY_OUTPUT):
+                    keys = keys_numpy(index.column("key"))
+            except (pa.ArrowException, OSError, KeyError):
+                keys = None
+        return cls(path, meta, segments, pf.schema_arrow, keys)
+
+    @property
+    def config_key(self) -> str | None:
+        """The config key the previous output was made with."""
+        return self.metadata.get(KEY_CONFIG_KEY)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key in the previous output, -1 where it has none."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if not self.keys_ok or not len(keys) or not len(self._sorted):
+            return out
+        pos = np.searchsorted(self._sorted, keys)
+        pos_c = np.minimum(pos, len(self._sorted) - 1)
+        hit = self._sorted[pos_c] == keys
+        out[hit] = self._order[pos_c[hit]]
+        return out
+
+    def _group(self, seg: int, columns: tuple[str, ...]) -> pa.Table:
+        key = (seg, columns)
+        table = self._cache.get(key)
+        if table is not None:
+            self._cache.move_to_end(key)
+            return table
+        path = self._files[seg]
+        pf = self._files_open.get(path)
+        if pf is None:
+            pf = self._files_open[path] = pq.ParquetFile(path)
+        table = pf.read_row_group(self._groups[seg], columns=list(columns))
+        self._cache[key] = table
+        if len(self._cache) > 4:
+            self._cache.popitem(last=False)
+        return table
+
+    def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """Rows `rows` (in that order) of `columns`."""
+        cols = tuple(columns)
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return self.schema.empty_table().select(list(cols))
+        seg = np.searchsorted(self._starts, rows, side="right") - 1
+        pieces: list[pa.Table] = []
+        positions: list[np.ndarray] = []
+        for s in np.unique(seg).tolist():
+            where = np.nonzero(seg == s)[0]
+            local = rows[where] - self._starts[s]
+            pieces.append(self._group(s, cols).take(pa.array(local)))
+            positions.append(where)
+        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+        order = np.concatenate(positions)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return table.take(pa.array(inverse)).combine_chunks()
+
+    def close(self) -> None:
+        """Release open files and the cache."""
+        for pf in self._files_open.values():
+            with contextlib.suppress(Exception):
+                pf.close()
+        self._files_open.clear()
+        self._cache.clear()
+
+
+def staging_exists(root: str) -> bool:
+    """Whether a staging area with a manifest exists."""
+    return os.path.isfile(manifest_path(root))

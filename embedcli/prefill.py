@@ -1,0 +1,273 @@
+"""Chunked prefill: decoder sequences longer than the token budget run in slices over successive forwards.
+
+Scheduling (`plan_forwards`), for one tokenized batch with budget `B`:
+
+- sequences of at most `B` tokens are "short" and pack greedily, longest first, as before;
+- a "long" decoder sequence of `n > B` tokens is cut into slices: first `n mod B` tokens (if not 0),
+  then full slices of `B`. Its first slice is the only one with room left in its forward, and that room
+  is filled with short sequences (largest that fit first); every full slice is a forward of its own.
+  Each forward carries at most one slice, placed after the short sequences in the flat buffer; the
+  slices of a sequence run in order, so the KV cache of the earlier ones is always there.
+- a long sequence on an encoder (bidirectional attention: a slice would need the tokens after it)
+  is never sliced: it runs alone in a forward of its own ("solo"), as the greedy packer always did.
+
+Peak memory for a long document is thus bounded by the activations of `B` tokens plus its KV cache
+(2 x layers x kv_heads x head_dim x n values) instead of the activations of all `n` tokens.
+
+Pooling (`pool_forward`): the cursor of a forward with a slice marks it as a partial prefill as vLLM
+does (prompt_lens = whole length, num_scheduled_tokens = the slice, seq_lens = tokens computed so far,
+finished when seq_lens == prompt_lens). Only finished sequences get a result:
+
+- LAST: the last scheduled token of the final slice (vLLM's behaviour);
+- MEAN: each slice's float32 segment sum is added to a per-sequence running sum, divided by the whole
+  prompt length once, on the final slice (vLLM rejects MEAN on a partial prefill; embedcli does not);
+- CLS: the first token of the first slice, kept until the final slice;
+- ALL/STEP (token tasks): the pooler's own per-sequence hidden-state cache concatenates the slices.
+
+The head (projector, Matryoshka slice, normalize / classifier) runs once, on the finished vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from embedcli.models.kv_cache import PrefixSlice, SequenceKVCache
+from embedcli.models.packing import PackInfo
+from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata, PoolingState
+from embedcli.pooling.methods import CLSPool, LastPool, MeanPool, segment_sum_float32
+from embedcli.pooling.params import PoolingParams
+
+
+@dataclass(frozen=True)
+class SliceRef:
+    """Tokens `[start, end)` of sequence `seq` (whose whole length is `total`)."""
+
+    seq: int
+    start: int
+    end: int
+    total: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.total
+
+
+@dataclass
+class PlannedForward:
+    """One packed forward: whole short sequences, then at most one slice of a long one."""
+
+    members: list[int] = field(default_factory=list)
+    slice: SliceRef | None = None
+
+    def tokens(self, lengths: np.ndarray) -> int:
+        return int(sum(int(lengths[i]) for i in self.members)) + (self.slice.length if self.slice else 0)
+
+
+def slice_bounds(n: int, budget: int) -> list[tuple[int, int]]:
+    """Slices of a sequence of `n > budget` tokens: the remainder `n mod budget` first, then full slices."""
+    first = n % budget
+    bounds = [(0, first)] if first else []
+    bounds += [(s, s + budget) for s in range(first, n, budget)]
+    return bounds
+
+
+def plan_forwards(lengths: np.ndarray, budget: int, sliceable: bool) -> tuple[list[PlannedForward], int, int]:
+    """Forwards for sequences of `lengths` under `budget`; also (sliced, solo) sequence counts."""
+    order = np.argsort(-lengths, kind="stable").tolist()
+    long_seqs = [i for i in order if int(lengths[i]) > budget]
+    short = [i for i in order if int(lengths[i]) <= budget]
+    forwards: list[PlannedForward] = []
+    if not sliceable:
+        for i in long_seqs:
+            forwards.append(PlannedForward(members=[i]))
+    else:
+        for i in long_seqs:
+            n = int(lengths[i])
+            for start, end in slice_bounds(n, budget):
+                fwd = PlannedForward(slice=SliceRef(i, start, end, n))
+                room = budget - (end - start)
+                if room > 0:
+                    # Fill the room with the largest short sequences that fit (shorts are longest first).
+                    kept = []
+                    for j in short:
+                        m = int(lengths[j])
+                        if m <= room:
+                            fwd.members.append(j)
+                            room -= m
+                        else:
+                            kept.append(j)
+                    short = kept
+                forwards.append(fwd)
+    current: list[int] = []
+    used = 0
+    for i in short:
+        n = int(lengths[i])
+        if current and used + n > budget:
+            forwards.append(PlannedForward(members=current))
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        forwards.append(PlannedForward(members=current))
+    sliced = len(long_seqs) if sliceable else 0
+    solo = 0 if sliceable else len(long_seqs)
+    return forwards, sliced, solo
+
+
+@dataclass
+class SliceState:
+    """What a long sequence carries between its slices: KV cache and the pooling accumulators."""
+
+    cache: SequenceKVCache
+    running_sum: torch.Tensor | None = None  # MEAN: float32 sum of the token states so far
+    first: torch.Tensor | None = None  # CLS: the first token's state
+    pooling_state: PoolingState = field(default_factory=PoolingState)  # ALL/STEP: cached slices
+
+
+def forward_with_slice(
+    model, ids: torch.Tensor, lengths: list[int], piece: SliceRef | None, state: SliceState | None  # type: ignore[no-untyped-def]
+) -> torch.Tensor:
+    """Hidden states `[total, hidden]` of whole sequences of `lengths` followed by one slice (decoders only)."""
+    if piece is None:
+        return model.forward_packed(ids, lengths)
+    assert state is not None
+    if state.cache.length != piece.start:
+        raise RuntimeError(f"slice {piece.start}:{piece.end} scheduled after {state.cache.length} cached tokens")
+    device = model.device
+    if not state.cache.keys:
+        config = model.backbone.config
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        dtype = next(model.backbone.parameters()).dtype
+        state.cache.allocate(int(config.num_hidden_layers), int(kv_heads), int(head_dim), dtype, device)
+    pack = PackInfo.build(lengths, device) if lengths else None
+    positions = [torch.arange(n) for n in lengths] + [torch.arange(piece.start, piece.end)]
+    pos = torch.cat(positions).to(device)
+    prefix = PrefixSlice(state.cache, piece.length)
+    with torch.inference_mode():
+        out = model.backbone(
+            input_ids=ids.to(device)[None], position_ids=pos[None], use_cache=False,
+            embedcli_pack=pack, embedcli_prefix=prefix,
+        )
+    state.cache.advance(piece.length)
+    return out.last_hidden_state[0]
+
+
+def _subset(cursor: PoolingCursor, idx: torch.Tensor) -> PoolingCursor:
+    return PoolingCursor(
+        first_token_indices=cursor.first_token_indices[idx],
+        last_token_indices=cursor.last_token_indices[idx],
+        prompt_lens=cursor.prompt_lens[idx],
+        seq_lens=cursor.seq_lens[idx],
+        num_scheduled_tokens=cursor.num_scheduled_tokens[idx],
+    )
+
+
+@torch.inference_mode()
+def pool_forward(
+    pooler, hidden: torch.Tensor, metadata: PoolingMetadata, states: list[SliceState | None]  # type: ignore[no-untyped-def]
+) -> list[torch.Tensor | None]:
+    """Results of one forward's sequences; `None` for a slice that is not its sequence's last."""
+    cursor = metadata.cursor
+    if not cursor.is_partial_prefill():
+        return list(pooler(hidden, metadata))
+    method = getattr(pooler, "method", None)
+    head = getattr(pooler, "head", None)
+    if method is None or head is None:
+        raise RuntimeError(f"{type(pooler).__name__} cannot pool a chunked prefill (no method + head)")
+    if not isinstance(method, (LastPool, MeanPool, CLSPool)):
+        # Token methods (ALL/STEP) keep their own per-sequence caches of the slices.
+        metadata.pooling_states = [s.pooling_state if s is not None else PoolingState() for s in states]
+        return list(pooler(hidden, metadata))
+    if isinstance(method, LastPool):
+        pooled = method(hidden, cursor)
+    elif isinstance(method, MeanPool):
+        sums = segment_sum_float32(hidden, cursor.num_scheduled_tokens, method.chunk_bytes)
+        for i, state in enumerate(states):
+            if state is not None:
+                state.running_sum = sums[i].clone() if state.running_sum is None else state.running_sum + sums[i]
+                sums[i] = state.running_sum
+        pooled = sums / cursor.prompt_lens.to(sums.device, torch.float32).unsqueeze(1)
+    else:
+        pooled = hidden[cursor.first_token_indices.to(hidden.device)]
+        first_slice = (cursor.seq_lens == cursor.num_scheduled_tokens).tolist()
+        for i, state in enumerate(states):
+            if state is not None:
+                if first_slice[i]:
+                    state.first = pooled[i].clone()
+                pooled[i] = state.first
+    finished = cursor.is_finished()
+    idx = torch.nonzero(finished).flatten()
+    results: list[torch.Tensor | None] = [None] * len(cursor)
+    if idx.numel() == 0:
+        return results
+    params: list[PoolingParams] = [metadata.pooling_params[i] for i in idx.tolist()]
+    sub = PoolingMetadata(_subset(cursor, idx), params)
+    out = head(pooled[idx.to(pooled.device)], sub)
+    for i, r in zip(idx.tolist(), list(out), strict=True):
+        results[i] = r
+    return results
+
+
+def run_long(runner, enc, results: list[torch.Tensor | None]) -> None:  # type: ignore[no-untyped-def]
+    """Fill `results` for a tokenized batch with sequences over the runner's token budget.
+
+    Decoders (unless `RunnerOptions.chunked_prefill` is off) slice them; encoders run each alone.
+    """
+    lengths = enc.lengths
+    budget = runner.max_batch_tokens
+    sliceable = bool(runner.model.spec.is_decoder) and getattr(runner.options, "chunked_prefill", True)
+    forwards, _, _ = plan_forwards(lengths, budget, sliceable)
+    long_rows = np.unique(enc.owner[lengths > budget]).size
+    stats = runner.stats
+    if sliceable:
+        stats.sliced_rows = getattr(stats, "sliced_rows", 0) + long_rows
+    else:
+        stats.solo_rows = getattr(stats, "solo_rows", 0) + long_rows
+    states: dict[int, SliceState] = {}
+    for fwd in forwards:
+        members = np.asarray(fwd.members, dtype=np.int64)
+        if fwd.slice is None:
+            for i, out in zip(fwd.members, runner._forward(enc, members), strict=True):
+                results[i] = out
+            continue
+        piece = fwd.slice
+        state = states.get(piece.seq)
+        if state is None:
+            # Sized to the tokens before the final slice, whose own k/v are never read again.
+            capacity = slice_bounds(piece.total, budget)[-1][0]
+            state = states[piece.seq] = SliceState(SequenceKVCache(capacity=capacity))
+        seq_ids = [enc.ids[i] for i in fwd.members] + [enc.ids[piece.seq][piece.start : piece.end]]
+        lens = [len(s) for s in seq_ids]
+        flat = torch.from_numpy(np.concatenate(seq_ids))
+        hidden = forward_with_slice(runner.model, flat, lens[:-1], piece, state)
+        order = [*fwd.members, piece.seq]
+        if enc.chunked is None:
+            params = [runner.params] * len(order)
+        else:
+            params = [runner._chunk_params if enc.chunked[i] else runner.params for i in order]
+        cu = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        prompt_lens = [*lens[:-1], piece.total]
+        seq_lens = [*lens[:-1], piece.end]
+        metadata = PoolingMetadata.from_cu_seqlens(
+            torch.from_numpy(cu), params, token_ids=flat if runner.needs_token_ids else None,
+            prompt_lens=prompt_lens, seq_lens=seq_lens,
+        )
+        outs = pool_forward(runner.pooler, hidden, metadata, [*([None] * len(fwd.members)), state])
+        for i, out in zip(order, outs, strict=True):
+            if out is not None:
+                results[i] = out
+        stats.forwards += 1
+        stats.tokens += int(cu[-1])
+        if piece.is_last:
+            state.cache.clear()
+            del states[piece.seq]

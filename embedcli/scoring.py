@@ -1,0 +1,160 @@
+"""Pair scoring (cross-encoder, bi-encoder cosine, late-interaction MaxSim) and the stable rerank order.
+
+How each method scores a (left, right) = (query, document) pair, as vLLM's `/score` and `/rerank`:
+
+- **cross-encoder** (a sequence-classification model with one label): the pair is tokenized as a text pair
+  (`[CLS] query [SEP] document [SEP]` with token types 0…0 1…1, both from the tokenizer), packed like any
+  other sequence; the score is the classifier output after calibration and the model's activation
+  (sigmoid for one label), or the raw logit with `--raw-scores`. Pairs longer than the max length are cut
+  with the tokenizer's `longest_first` rule, as sentence-transformers' CrossEncoder does: one token at a
+  time from whichever side is currently longer (so a short query is kept whole and the document is cut
+  first), from the right (`--truncation-side left`: from the left); special tokens count toward the limit.
+- **cosine** (an embedding model): query and document are embedded independently — the query with the
+  model's `query` prompt, the document with its `document` (else `passage`, else `corpus`) prompt, as
+  sentence-transformers' `encode_query` / `encode_document` — and scored by the cosine of the float32
+  vectors (normalization does not change it; `--raw-scores` has no effect).
+- **maxsim** (late interaction, ColBERT style): per-token vectors of both sides (every token, special tokens
+  included, L2-normalized unless `--raw-scores`); score = Σ over query tokens of the max over document tokens
+  of the dot product, in float32.
+
+Neither side is stripped of whitespace (CrossEncoder and vLLM keep it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim")
+DOCUMENT_PROMPT_NAMES: tuple[str, ...] = ("document", "passage", "corpus")
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of `[n, d]` and `[n, d]` → `[n]` float32."""
+    return np.sum(_unit_rows(a) * _unit_rows(b), axis=-1).astype(np.float32)
+
+
+def cosine_matrix(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Cosine of every query against every document: `[q, d]` x `[n, d]` → `[q, n]` float32."""
+    return (_unit_rows(queries) @ _unit_rows(docs).T).astype(np.float32)
+
+
+def maxsim(query: np.ndarray, doc: np.ndarray) -> float:
+    """Late-interaction score: Σ over query tokens of the max over document tokens of the dot product (float32)."""
+    q = np.asarray(query, dtype=np.float32)
+    d = np.asarray(doc, dtype=np.float32)
+    if len(q) == 0:
+        return 0.0
+    if len(d) == 0:
+        return float("-inf")
+    return float((q @ d.T).max(axis=1).sum(dtype=np.float32))
+
+
+def maxsim_matrix(queries: Sequence[np.ndarray], docs: Sequence[np.ndarray]) -> np.ndarray:
+    """MaxSim of every query matrix against every document matrix → `[q, n]` float32."""
+    out = np.empty((len(queries), len(docs)), dtype=np.float32)
+    for i, q in enumerate(queries):
+        for j, d in enumerate(docs):
+            out[i, j] = maxsim(q, d)
+    return out
+
+
+def rank_order(scores: np.ndarray, index: np.ndarray | None = None) -> np.ndarray:
+    """Positions sorted by score descending; ties keep input order (a stable sort, as vLLM and CrossEncoder)."""
+    scores = np.asarray(scores)
+    index = np.arange(len(scores)) if index is None else np.asarray(index)
+    return np.lexsort((index, -scores.astype(np.float64)))
+
+
+class TopN:
+    """The best `n` (score, index) pairs seen so far (all of them when `n` is 0), in stable rank order."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+        self.scores = np.zeros(0, dtype=np.float32)
+        self.index = np.zeros(0, dtype=np.int64)
+
+    def add(self, scores: np.ndarray, index: np.ndarray) -> None:
+        """Offer more candidates."""
+        self.scores = np.concatenate([self.scores, np.asarray(scores, dtype=np.float32)])
+        self.index = np.concatenate([self.index, np.asarray(index, dtype=np.int64)])
+        if self.n and len(self.scores) > 2 * self.n:
+            self._trim()
+
+    def _trim(self) -> None:
+        order = rank_order(self.scores, self.index)
+        if self.n:
+            order = order[: self.n]
+        self.scores, self.index = self.scores[order], self.index[order]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, indices) sorted best first, cut to `n`."""
+        self._trim()
+        return self.scores, self.index
+
+
+def document_prompt(prompts: dict[str, str]) -> str:
+    """The prompt sentence-transformers' `encode_document` uses: document, else passage, else corpus."""
+    for name in DOCUMENT_PROMPT_NAMES:
+        if name in prompts:
+            return prompts[name]
+    return ""
+
+
+class PairScorer:
+    """Scores pairs with one runner: builds the runner's inputs and turns its results into scores."""
+
+    def __init__(self, runner: Any, method: str, prompts: dict[str, str] | None = None) -> None:
+        self.runner = runner
+        self.method = method
+        prompts = prompts or {}
+        self.query_prompt = prompts.get("query", "") if method != "cross-encoder" else ""
+        self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
+
+    # -- 1:1 pairs ---------------------------------------------------------------------------------
+    def pair_inputs(self, lefts: Sequence[str], rights: Sequence[str]) -> list[Any]:
+        """Runner inputs for the pairs (left_i, right_i)."""
+        if self.method == "cross-encoder":
+            return list(zip(lefts, rights, strict=True))
+        return [self.query_prompt + t for t in lefts] + [self.doc_prompt + t for t in rights]
+
+    def pair_scores(self, result: Any, n: int) -> np.ndarray:
+        """Scores of `n` pairs from the runner's result for `pair_inputs`."""
+        if self.method == "cross-encoder":
+            return np.asarray(result, dtype=np.float32).reshape(n, -1)[:, 0]
+        if self.method == "cosine":
+            vectors = np.asarray(result)
+            return cosine_pairs(vectors[:n], vectors[n:])
+        return np.asarray([maxsim(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
+
+    # -- queries against documents -----------------------------------------------------------------
+    def encode_queries(self, queries: Sequence[str]) -> Any:
+        """Query representations for `score_matrix` (bi-encoder and late interaction); None for cross-encoders."""
+        if self.method == "cross-encoder" or not queries:
+            return None
+        results = list(self.runner.map([[self.query_prompt + q for q in queries]]))
+        if self.method == "cosine":
+            return np.concatenate([np.asarray(r) for r in results])
+        return [m for r in results for m in r]
+
+    def doc_inputs(self, queries: Sequence[str], docs: Sequence[str]) -> list[Any]:
+        """Runner inputs scoring every query against `docs` (cross-encoders: all query x doc pairs, query-major)."""
+        if self.method == "cross-encoder":
+            return [(q, d) for q in queries for d in docs]
+        return [self.doc_prompt + d for d in docs]
+
+    def score_matrix(self, encoded_queries: Any, result: Any, num_queries: int, num_docs: int) -> np.ndarray:
+        """`[queries, docs]` scores from the runner's result for `doc_inputs`."""
+        if self.method == "cross-encoder":
+            return np.asarray(result, dtype=np.float32).reshape(num_queries, num_docs, -1)[..., 0]
+        if self.method == "cosine":
+            return cosine_matrix(encoded_queries, np.asarray(result))
+        return maxsim_matrix(encoded_queries, list(result))

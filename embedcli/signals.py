@@ -1,0 +1,74 @@
+"""SIGINT/SIGTERM handling for unattended runs: finish the batch in hand, commit it, exit 130.
+
+Two layers:
+
+- `terminate_as_interrupt()` (for a whole command): SIGTERM raises KeyboardInterrupt like SIGINT does,
+  so a run stopped by `kill` or a service manager before any work started still exits 130, not 143.
+- `StopFlag` (for the compute loop): the first SIGINT/SIGTERM only sets a flag that the loop checks
+  between batches; the loop then commits what is done and stops. A second signal interrupts at once.
+
+Handlers can only be installed from the main thread; elsewhere both are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM behaves like SIGINT (KeyboardInterrupt), so both map to exit 130."""
+    if not _main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class StopFlag:
+    """Context manager: SIGINT/SIGTERM set `requested` (checked between batches); a second one interrupts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+    def request(self, name: str = "request") -> None:
+        """Ask the loop to stop, as a signal would (for tests and callers without signals)."""
+        self.requested = True
+        self.signal_name = name
+
+    def __enter__(self) -> StopFlag:
+        if _main_thread():
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

@@ -1,0 +1,117 @@
+"""`embedcli classify` against transformers' AutoModelForSequenceClassification + the activation, and a real
+5-topic BBC classifier (head trained in a session fixture on frozen MiniLM)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+BBC_MAX_LENGTH = 96  # as the fixture that trained the head (tests/tasks/conftest.py)
+TEXTS = [
+    "Labour won the general election with a reduced majority.",
+    "  The striker scored twice as United beat Chelsea.  ",
+    "Shares in the bank fell 5% after profits dropped.",
+    "hello",
+    " ".join(["The new phone runs software from the internet giant."] * 40),  # > 256 tokens: truncated
+]
+
+
+def _reference(folder, texts, max_length=512):  # type: ignore[no-untyped-def]
+    """transformers' logits for `texts` (one at a time, no padding)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    rows = []
+    with torch.inference_mode():
+        for t in texts:
+            enc = tok(t, return_tensors="pt", truncation=True, max_length=max_length)
+            rows.append(model(**enc).logits[0].numpy())
+    return np.stack(rows), model.config
+
+
+def _classify(cli, folder, tmp_path, *flags):  # type: ignore[no-untyped-def]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "out.parquet"
+    cli("classify", src, "-m", folder, "--max-length", 256, "--all-scores", "-o", out, "-q", *flags)
+    return pq.read_table(out)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "flags", "expect"),
+    [
+        ("cross-encoder", (), lambda z: _sigmoid(z)),  # one label: sigmoid
+        ("multi-class", (), lambda z: _softmax(z)),  # several labels: softmax
+        ("multi-label", (), lambda z: _sigmoid(z)),  # problem_type multi_label_classification: sigmoid per label
+        ("calibrated", (), lambda z: _softmax((z - 0.5) / 2.0)),  # logit_mean / logit_sigma from config.json
+        ("multi-class", ("--logit-mean", "-1", "--logit-sigma", "0.5"), lambda z: _softmax((z + 1) / 0.5)),
+        ("multi-label", ("--logit-mean", "0.25"), lambda z: _sigmoid(z - 0.25)),
+        ("multi-class", ("--activation", "sigmoid"), lambda z: _sigmoid(z)),
+        ("multi-class", ("--activation", "none"), lambda z: z),
+    ],
+    ids=["one-label", "multi-class", "multi-label", "config-calibration", "flag-calibration",
+         "multi-label-calibrated", "activation-sigmoid", "activation-none"],
+)
+def test_probabilities_equal_transformers_plus_activation(cli, task_models, tmp_path, two_threads, name, flags, expect):
+    folder = task_models(name)
+    table = _classify(cli, folder, tmp_path, *flags)
+    logits, config = _reference(folder, TEXTS, max_length=256)
+    expected = expect(logits.astype(np.float64))
+    scores = np.stack(table.column("scores").to_numpy(zero_copy_only=False)).astype(np.float64)
+    delta = np.abs(scores - expected).max()
+    print(f"classify {name} {' '.join(flags)}: max |delta| {delta:.2e}")
+    assert delta <= 1e-5, delta
+    best = expected.argmax(axis=1)
+    assert table.column("label").to_pylist() == [config.id2label[int(i)] for i in best]
+    assert np.abs(table.column("score").to_numpy() - expected[np.arange(len(best)), best]).max() <= 1e-5
+    assert table.column("id").to_pylist() == [f"r{i}" for i in range(len(TEXTS))]
+    meta = json.loads(pq.read_schema(tmp_path / "out.parquet").metadata[b"embedcli.config"])
+    assert meta["labels"] == [config.id2label[i] for i in range(len(config.id2label))]
+
+
+def test_top_k_and_usage_errors(cli, task_models, tmp_path, two_threads):
+    table = _classify(cli, task_models("multi-class"), tmp_path, "--top-k", "3")
+    scores = np.stack(table.column("scores").to_numpy(zero_copy_only=False))
+    for row, top_labels, top_scores in zip(
+        scores, table.column("top_labels").to_pylist(), table.column("top_scores").to_pylist(), strict=True
+    ):
+        order = np.argsort(-row, kind="stable")[:3]
+        assert top_scores == pytest.approx(row[order].tolist())
+        assert top_labels == [["world", "sports", "business", "sci"][i] for i in order]
+    src = tmp_path / "in.jsonl"
+    err = cli("classify", src, "-m", task_models("multi-class"), "--top-k", "9", "-o", tmp_path / "x.parquet", code=2)
+    assert "4 labels" in err.stderr
+    # an embedding model cannot classify: usage error naming what it can do
+    err = cli("classify", src, "-o", tmp_path / "x.parquet", code=2)
+    assert "cannot do 'classify'" in err.stderr and "embed, token_embed" in err.stderr and "rerank" in err.stderr
+    # and a classifier cannot embed
+    err = cli("embed", src, "-m", task_models("multi-class"), "-o", tmp_path / "x.parquet", code=2)
+    assert "cannot do 'embed'" in err.stderr and "commands: classify" in err.stderr
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_real_bbc_topic_classifier_reaches_085_held_out(cli, bbc_classifier, bbc_split, tmp_path, two_threads):
+    test = bbc_split["test"]
+    src = tmp_path / "held_out.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": x, "topic": t}) + "\n" for i, t, x in test))
+    out = tmp_path / "topics.parquet"
+    cli("classify", src, "-m", bbc_classifier, "--max-length", BBC_MAX_LENGTH, "--keep-cols", "topic", "-o", out, "-q",
+        env={"EMBEDCLI_DTYPE": "auto"})
+    table = pq.read_table(out)
+    accuracy = float(np.mean(np.array(table.column("label").to_pylist()) == np.array(table.column("topic").to_pylist())))
+    print(f"BBC held-out accuracy through embedcli classify: {accuracy:.3f} on {len(test)} articles")
+    assert accuracy >= 0.85, accuracy

@@ -1,0 +1,183 @@
+"""`embedcli rerank` and `embedcli score` against sentence-transformers' CrossEncoder and SentenceTransformer.
+
+Cross-encoder: the real MiniLM body with a seeded one-label head (no real cross-encoder exists offline).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+QUERY = "Who won the general election?"
+DOCS = [
+    "Labour won the general election with a reduced majority.",
+    "The film won best album at the awards.",
+    "  Shares rose   after the bank talks.  ",  # outer and inner whitespace: kept, not stripped
+    "Labour won the general election with a reduced majority.",  # a tie with doc 0
+    " ".join(["The minister said the party would cut taxes and raise spending on schools."] * 12),  # > 128 tokens
+    "zzz",
+    "The film won best album at the awards.",  # a tie with doc 1
+    "Kyrgyz elections use invisible ink to stop people voting twice.",
+]
+MAX_LENGTH = 128  # pairs over it are cut (CrossEncoder(max_length=128) vs --max-length 128); keeps the test fast
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(task_models, two_threads):  # type: ignore[no-untyped-def]
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(task_models("cross-encoder")), device="cpu", max_length=MAX_LENGTH)
+
+
+@pytest.fixture(scope="module")
+def docs_file(tmp_path_factory):  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("rerank") / "docs.jsonl"
+    rows = [{"id": f"d{i}", "text": t, "source": f"s{i % 3}"} for i, t in enumerate(DOCS)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_rerank_cross_encoder_equals_crossencoder_rank_including_ties(cli, task_models, cross_encoder, docs_file, tmp_path):
+    out = tmp_path / "ranked.parquet"
+    cli("rerank", docs_file, "-m", task_models("cross-encoder"), "--max-length", MAX_LENGTH, "--query", QUERY, "--return-documents",
+        "--keep-cols", "source", "-o", out, "-q")
+    got = pq.read_table(out).to_pylist()
+    expected = cross_encoder.rank(QUERY, DOCS, return_documents=True)
+    assert [r["id"] for r in got] == [f"d{e['corpus_id']}" for e in expected]
+    assert [r["rank"] for r in got] == list(range(1, len(DOCS) + 1))
+    assert {r["query_id"] for r in got} == {"query"}
+    assert [r["text"] for r in got] == [e["text"] for e in expected]
+    assert [r["source"] for r in got] == [f"s{e['corpus_id'] % 3}" for e in expected]
+    delta = np.abs(np.array([r["score"] for r in got]) - np.array([e["score"] for e in expected])).max()
+    print(f"rerank vs CrossEncoder.rank: max |delta| {delta:.2e}")
+    assert delta <= 1e-5, delta
+    # the duplicated documents tie exactly and keep their input order (stable sort), as CrossEncoder.rank
+    by_id = {r["id"]: r for r in got}
+    assert by_id["d0"]["score"] == by_id["d3"]["score"] and by_id["d0"]["rank"] < by_id["d3"]["rank"]
+    assert by_id["d1"]["score"] == by_id["d6"]["score"] and by_id["d1"]["rank"] < by_id["d6"]["rank"]
+
+
+def test_score_cross_encoder_equals_predict_on_long_and_whitespace_pairs(cli, task_models, cross_encoder, jsonl, tmp_path):
+    """1:1 pairs, incl. ones over the max length (cut longest_first, as the CrossEncoder's tokenizer) and whitespace."""
+    lefts = [QUERY, "  spaced query  ", DOCS[4], "short"]
+    rights = [DOCS[0], DOCS[2], DOCS[4], DOCS[4]]  # the third pair: both sides long; the fourth: only the right
+    src = jsonl("pairs.jsonl", [{"id": i, "left": a, "right": b} for i, (a, b) in enumerate(zip(lefts, rights, strict=True))])
+    out = tmp_path / "scores.jsonl"
+    cli("score", src, "-m", task_models("cross-encoder"), "--max-length", MAX_LENGTH, "-o", out, "-q",
+        "--max-batch-tokens", 200)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = cross_encoder.predict(list(zip(lefts, rights, strict=True)))
+    assert [r["id"] for r in got] == ["0", "1", "2", "3"]
+    delta = np.abs(np.array([r["score"] for r in got]) - expected).max()
+    print(f"score vs CrossEncoder.predict (incl. truncated pairs): max |delta| {delta:.2e}")
+    assert delta <= 1e-5, delta
+    # --raw-scores: the logit, i.e. sigmoid^-1 of the score
+    raw = tmp_path / "raw.parquet"
+    cli("score", src, "-m", task_models("cross-encoder"), "--max-length", MAX_LENGTH, "-o", raw, "-q", "--raw-scores")
+    logits = pq.read_table(raw).column("score").to_numpy()
+    assert np.abs(1 / (1 + np.exp(-logits)) - expected).max() <= 1e-5
+
+
+def test_pair_truncation_is_longest_first(task_models, two_threads):
+    """A short query stays whole and the document is cut; two long sides are cut to about half each."""
+    from embedcli.models.loader import LoadedModel, ModelOptions
+    from embedcli.models.spec import load_model_spec
+    from embedcli.runner import Runner, RunnerOptions
+
+    spec = load_model_spec(str(task_models("cross-encoder")), max_length=32)
+    runner = Runner(LoadedModel(spec, ModelOptions(device="cpu")), RunnerOptions(task="classify", strip=False))
+    long_text = " ".join(["word"] * 100)
+    enc = runner.tokenize([("short query", long_text), (long_text, long_text)])
+    ids, types = enc.ids[0], enc.type_ids[0]  # type: ignore[index]
+    assert len(ids) == 32 and (types == 0).sum() == 4 and (types == 1).sum() == 28  # [CLS] short query [SEP]
+    assert len(enc.ids[1]) == 32 and abs(int((enc.type_ids[1] == 0).sum()) - int((enc.type_ids[1] == 1).sum())) <= 1  # type: ignore[index]
+    assert runner.stats.truncated_rows == 2
+
+
+def test_pairs_are_not_stripped(task_models, two_threads):
+    """CrossEncoder passes pairs to the tokenizer as they are; so do rerank and score (for every method)."""
+    from embedcli.jobs import ModelChoice
+    from embedcli.task_jobs import PairOptions, _pair_scorer
+
+    for model in (str(task_models("cross-encoder")), None):
+        _, runner, scorer = _pair_scorer(ModelChoice(model, device="cpu", dtype="float32"), PairOptions(), "score")
+        assert runner.options.strip is False
+        assert runner._prepare("  a  ") == "  a  "
+        assert scorer.pair_inputs(["  q "], [" d  "])[0] in (("  q ", " d  "), "  q ")
+
+
+def test_rerank_many_queries_top_n_and_one_left_score(cli, task_models, cross_encoder, docs_file, jsonl, tmp_path):
+    queries = jsonl("queries.jsonl", [{"qid": "q1", "text": QUERY}, {"qid": "q2", "text": "film awards"}])
+    out = tmp_path / "top.parquet"
+    cli("rerank", docs_file, "-m", task_models("cross-encoder"), "--max-length", MAX_LENGTH, "--queries", queries,
+        "--query-id-col", "qid",
+        "--top-n", 3, "-o", out, "-q")
+    got = pq.read_table(out).to_pylist()
+    assert [r["query_id"] for r in got] == ["q1"] * 3 + ["q2"] * 3
+    for qid, q in (("q1", QUERY), ("q2", "film awards")):
+        expected = cross_encoder.rank(q, DOCS, top_k=3)
+        rows = [r for r in got if r["query_id"] == qid]
+        assert [r["id"] for r in rows] == [f"d{e['corpus_id']}" for e in expected]
+        assert np.abs(np.array([r["score"] for r in rows]) - [e["score"] for e in expected]).max() <= 1e-5
+    # score --left: one text against every row's right column, in input order
+    scored = tmp_path / "one.parquet"
+    cli("score", docs_file, "-m", task_models("cross-encoder"), "--max-length", MAX_LENGTH, "--left", "film awards",
+        "--right-col", "text", "-o", scored, "-q")
+    scores = pq.read_table(scored).column("score").to_numpy()
+    assert np.abs(scores - cross_encoder.predict([("film awards", d) for d in DOCS])).max() <= 1e-5
+
+
+def test_rerank_and_score_bi_encoder_cosine(cli, minilm_path, docs_file, jsonl, tmp_path, two_threads):
+    """The default (embedding) model ranks by cosine, equal to sentence-transformers' cosine similarity."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(minilm_path), device="cpu")
+    q, d = st.encode([QUERY]), st.encode(DOCS)
+    expected = (q @ d.T)[0] / (np.linalg.norm(q) * np.linalg.norm(d, axis=1))
+    out = tmp_path / "cos.parquet"
+    cli("rerank", docs_file, "--query", QUERY, "-o", out, "-q")
+    got = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in got] == [f"d{i}" for i in np.lexsort((np.arange(len(DOCS)), -expected))]
+    assert np.abs(np.array([r["score"] for r in got]) - np.sort(expected)[::-1]).max() <= 1e-5
+    pairs = jsonl("p.jsonl", [{"left": QUERY, "right": t} for t in DOCS])
+    scored = tmp_path / "s.parquet"
+    cli("score", pairs, "-o", scored, "-q")
+    assert np.abs(pq.read_table(scored).column("score").to_numpy() - expected).max() <= 1e-5
+
+
+def test_maxsim_equals_late_interaction_by_hand(cli, minilm_path, jsonl, tmp_path, two_threads):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_path))
+    model = AutoModel.from_pretrained(str(minilm_path)).eval()
+
+    def tokens(text: str) -> np.ndarray:
+        with torch.inference_mode():
+            h = model(**tok(text, return_tensors="pt", truncation=True, max_length=256)).last_hidden_state[0]
+        return torch.nn.functional.normalize(h, dim=-1).numpy()
+
+    docs = DOCS[:3] + DOCS[5:]
+    q = tokens(QUERY)
+    expected = np.array([(q @ tokens(d).T).max(axis=1).sum() for d in docs])
+    src = jsonl("docs.jsonl", [{"id": i, "text": t} for i, t in enumerate(docs)])
+    out = tmp_path / "maxsim.parquet"
+    cli("rerank", src, "--query", QUERY, "--method", "maxsim", "-o", out, "-q")
+    got = pq.read_table(out).to_pylist()
+    assert [int(r["id"]) for r in got] == np.lexsort((np.arange(len(docs)), -expected)).tolist()
+    assert np.abs(np.array([r["score"] for r in got]) - np.sort(expected)[::-1]).max() <= 1e-4  # sums of ~10 dots
+
+
+def test_scoring_with_a_model_that_cannot_is_a_usage_error(cli, task_models, docs_file, tmp_path):
+    result = cli("rerank", docs_file, "-m", task_models("multi-class"), "--query", "x", "-o", tmp_path / "o.parquet",
+                 code=2)
+    assert "cannot score pairs" in result.stderr and "commands: classify" in result.stderr
+    result = cli("score", docs_file, "--method", "cross-encoder", "--left", "x", "--right-col", "text",
+                 "-o", tmp_path / "o.parquet", code=2)
+    assert "cannot score pairs" in result.stderr
+    result = cli("rerank", docs_file, "-o", tmp_path / "o.parquet", code=2)
+    assert "exactly one of --query" in result.stderr
+    assert not (tmp_path / "o.parquet").exists()
