@@ -275,6 +275,12 @@ def embed(
         "embedding column of a .parquet/.jsonl) give their per-dim min/max; an earlier int8/uint8 embedcli "
         "output gives the ranges stored in it (quantize queries like their corpus).",
     ),
+    quantize: bool = typer.Option(
+        False, "--quantize", envvar=_env("quantize"), rich_help_panel=MODEL,
+        help="Opt-in int8 dynamic quantization (per output channel) of the model's Linear layers, CPU and "
+        "--dtype float32 only: ~2.2x faster on this CPU but lossy (all-MiniLM-L6-v2 on BBC text: min cosine "
+        "0.961 against float32). Not the same as --precision, which quantizes the output vectors.",
+    ),
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -285,7 +291,7 @@ def embed(
     _run(
         lambda: run_embed(
             InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, quantize),
             EmbedOptions(
                 normalize=normalize, max_batch_tokens=max_batch_tokens, strip=strip, dimensions=dimensions,
                 prompt=prompt, prompt_name=prompt_name, long_inputs=long_inputs, truncation_side=truncation_side,

@@ -41,6 +41,7 @@ class ModelChoice:
     max_length: int | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    quantize: bool = False
 
 
 @dataclass
@@ -71,6 +72,8 @@ class EmbedOptions:
 
 def load(choice: ModelChoice):  # type: ignore[no-untyped-def]
     """Resolve and load the model (imports torch lazily so `--help` stays fast)."""
+    if choice.quantize and (choice.dtype not in ("auto", "float32") or choice.device.startswith("cuda")):
+        raise UsageError("--quantize (int8 dynamic) runs on the CPU in float32: drop --dtype/--device or --quantize")
     from embedcli.models.loader import LoadedModel, ModelOptions
     from embedcli.models.spec import load_model_spec
 
@@ -87,6 +90,7 @@ def load(choice: ModelChoice):  # type: ignore[no-untyped-def]
             dtype=choice.dtype,
             allow_pickle=choice.allow_pickle,
             trust_remote_code=choice.trust_remote_code,
+            quantize=choice.quantize,
         ),
     )
 
@@ -108,6 +112,7 @@ def provenance(model: Any, runner: Any, extra: dict[str, Any] | None = None) -> 
         "strip": runner.options.strip,
         "prompt": runner.options.prompt,
         "dtype": str(model.dtype).removeprefix("torch."),
+        "quantize": bool(model.options.quantize),
         "model_config_hash": spec.config_hash(),
         **(extra or {}),
     }

@@ -99,3 +99,27 @@ def test_version_and_help() -> None:
     assert runner.invoke(app, ["--version"]).stdout.startswith("embedcli ")
     help_text = runner.invoke(app, ["embed", "--help"]).stdout
     assert "--max-batch-tokens" in help_text and "Example" in help_text
+
+
+def test_quantize_is_close_but_not_equal_and_recorded(tiny_model, corpus: Path, tmp_path: Path) -> None:
+    model = str(tiny_model("bert-st"))
+    runner = CliRunner()
+    plain, quant = tmp_path / "plain.parquet", tmp_path / "quant.parquet"
+    assert runner.invoke(app, ["embed", str(corpus), "-o", str(plain), "-m", model, "--dtype", "float32", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["embed", str(corpus), "-o", str(quant), "-m", model, "--quantize", "-q"])
+    assert result.exit_code == 0, result.output
+    a = np.asarray(pq.read_table(plain).column("embedding").to_pylist())
+    b = np.asarray(pq.read_table(quant).column("embedding").to_pylist())
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() > 0.9 and not np.allclose(a, b, atol=1e-6)
+    config = json.loads(pq.read_table(quant).schema.metadata[b"embedcli.config"])
+    assert config["quantize"] is True and config["dtype"] == "float32"
+
+
+def test_quantize_with_bfloat16_is_a_usage_error(tiny_model, corpus: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["embed", str(corpus), "-o", str(tmp_path / "o.parquet"), "-m", str(tiny_model("bert-st")),
+              "--quantize", "--dtype", "bfloat16", "-q"],
+    )
+    assert result.exit_code == 2
+    assert "--quantize" in result.output

@@ -157,7 +157,9 @@ class LoadedModel:
         self.spec = spec
         self.options = options
         self.device = resolve_device(options.device)
-        self.dtype = resolve_dtype(options.dtype, self.device)
+        # int8 dynamic quantization runs on float32 weights; `auto` must not pick bf16 under it.
+        quantized_auto = options.quantize and options.dtype == "auto"
+        self.dtype = torch.float32 if quantized_auto else resolve_dtype(options.dtype, self.device)
         self.tokenizer = self._load_tokenizer()
         self.backbone, classifier = self._load_backbone()
         self.pooler_config = PoolerConfig(
