@@ -12,7 +12,12 @@ Scheduling (`plan_forwards`), for one tokenized batch with budget `B`:
   is never sliced: it runs alone in a forward of its own ("solo"), as the greedy packer always did.
 
 Peak memory for a long document is thus bounded by the activations of `B` tokens plus its KV cache
-(2 x layers x kv_heads x head_dim x n values) instead of the activations of all `n` tokens.
+(2 x layers x kv_heads x head_dim x (n - B) values, model dtype) instead of the activations of all `n`
+tokens. Whether that is less depends on the model: transformers frees each layer's activations and
+causal SDPA never builds the score matrix, so for a small GQA model the cache can outweigh what it
+saves (SmolLM2-135M, 8,192 tokens, float32, CPU: +446 MiB peak sliced at 2,048 vs +377 MiB unsliced;
+`benchmarks/bench_long_doc.py`). What slicing always bounds is the per-forward working set, which is
+what keeps the other sequences' batches at the budget.
 
 Pooling (`pool_forward`): the cursor of a forward with a slice marks it as a partial prefill as vLLM
 does (prompt_lens = whole length, num_scheduled_tokens = the slice, seq_lens = tokens computed so far,
