@@ -151,7 +151,9 @@ def main() -> None:
               f"rerun in place {i['rerun_in_place']['wall_seconds']}s", flush=True)
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    (results / "memory.json").write_text(json.dumps(report, indent=2))
+    path = results / "memory.json"
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**previous, **report}, indent=2))  # one part run keeps the other's figures
     print(json.dumps(report, indent=2))
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)

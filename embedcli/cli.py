@@ -674,15 +674,20 @@ def bench(
     epilog="Example: [bold]embedcli inspect vectors.parquet --check && echo complete[/bold]",
 )
 def inspect_cmd(
-    output: str = typer.Argument(..., help="An output file or shard directory embedcli wrote.", show_default=False),
+    outputs: list[str] = typer.Argument(
+        ..., help="An output file or shard directory embedcli wrote; or the N outputs of --shard K/N runs "
+        "(files, a glob, or their directory), checked as one set.", show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    check: bool = typer.Option(False, "--check", help="Exit 1 when the output is incomplete or mixed."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when the output (or set) is incomplete or mixed."),
 ) -> None:
     """Show an output's provenance, completeness (rows, shards, staged work of an unfinished run) and errors."""
     from embedcli.inspect import format_report, inspect_output
+    from embedcli.merge import format_set_report, inspect_set, is_set
 
     def show() -> int:
-        report = inspect_output(output)
+        as_set = is_set(outputs)
+        report = inspect_set(outputs) if as_set else inspect_output(outputs[0])
         if as_json:
             json.dump(report, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
@@ -691,12 +696,44 @@ def inspect_cmd(
             from rich.table import Table
 
             table = Table(show_header=False, box=None)
-            for key, value in format_report(report):
+            for key, value in (format_set_report if as_set else format_report)(report):
                 table.add_row(key, value)
             Console(soft_wrap=True).print(table)
         return 1 if check and report["status"] != "complete" else 0
 
     _run(show)
+
+
+@app.command(
+    "merge",
+    epilog="Example: [bold]embedcli merge 'vectors-*.parquet' -o vectors.parquet[/bold]",
+)
+def merge_cmd(
+    outputs: list[str] = typer.Argument(
+        ..., help="The N outputs of --shard K/N runs (files, a glob, or their directory).", show_default=False,
+    ),
+    output: str = typer.Option(..., "-o", "--output", envvar=_env("output"), help="The merged file.", show_default=False),
+    output_format: str | None = typer.Option(
+        None, "--output-format", envvar=_env("output-format"), help="parquet (default), jsonl or npy."
+    ),
+    force: bool = typer.Option(False, "--force", help="Merge even when the set is incomplete or mixed."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", envvar=_env("quiet"), help="No summary on stderr."),
+) -> None:
+    """Join the outputs of `--shard 0/N` … `--shard N-1/N` runs into one output, rows in input order.
+
+    Refuses (exit 2) unless the outputs are one complete set: same model, config and inputs, every slice once.
+    """
+    from embedcli.merge import merge_outputs
+
+    def go() -> int:
+        summary = merge_outputs(outputs, output, output_format, force=force)
+        if not quiet:
+            typer.echo(f"embedcli: merged {len(summary['members'])} outputs, {summary['rows']:,} rows -> {output}", err=True)
+            if summary["repeated_ids"]:
+                typer.echo(f"embedcli: ids repeated across shards: {summary['repeated_ids']}", err=True)
+        return 0
+
+    _run(go)
 
 
 def main() -> None:

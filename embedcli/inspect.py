@@ -169,7 +169,7 @@ def inspect_output(path: str) -> dict[str, Any]:
         meta = output_metadata(target) or {}
         report["metadata"] = meta
         if not meta:
-            report["problems"].append("no embedcli metadata: not written by embedcli (or by a version before 0.2)")
+            report["problems"].append("no embedcli metadata: not written by embedcli")
         elif meta.get(KEY_COMPLETE) != "true" and KEY_CONFIG_KEY in meta:
             report["problems"].append("the metadata does not mark the output complete")
         if meta.get(KEY_ROWS) and rows is not None and str(rows) != meta[KEY_ROWS]:

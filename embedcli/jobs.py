@@ -190,9 +190,10 @@ def run_rows(
     resume, `--incremental`, bad rows, signals, progress and `--stats` are `embedcli.unattended`'s job
     (settings from `embedcli.run_options.current_settings()`); 0, or 3 when rows were skipped.
     """
-    from embedcli.unattended import run_pipeline
+    # `--engine ray`, `--shard K/N` and repairing lost shards of a shard directory: embedcli.distributed.
+    from embedcli.distributed import run_distributed
 
-    return run_pipeline(batches, runner, output, meta, to_inputs, to_table, empty_table)
+    return run_distributed(batches, runner, output, meta, to_inputs, to_table, empty_table)
 
 
 def run_embed(inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions) -> int:

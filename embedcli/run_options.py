@@ -18,6 +18,8 @@ from typing import Any
 ON_ERROR = ("fail", "skip")
 RESUME = "Resume & errors"
 PROGRESS = "Progress"
+DISTRIBUTED = "Distributed"
+ENGINES = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,11 @@ class RunSettings:
     shard_rows: int = 20_000
     commit_every: float = 60.0
     log_every: float = 30.0
+    engine: str = "local"
+    ray_address: str | None = None
+    workers: int = 1
+    gpus_per_worker: float = 0.0
+    shard: str | None = None
 
     def check(self) -> RunSettings:
         """Raise UsageError for bad or conflicting values."""
@@ -54,6 +61,9 @@ class RunSettings:
             raise UsageError("--commit-every must be more than 0 seconds")
         if self.log_every < 0:
             raise UsageError("--log-every must be 0 or more seconds")
+        from embedcli.sharding import check_distributed
+
+        check_distributed(self)
         return self
 
 
@@ -129,6 +139,40 @@ def _options() -> list[tuple[str, Any, Any]]:
         ("log_every", float, typer.Option(
             d.log_every, "--log-every", envvar=_env("log-every"), rich_help_panel=PROGRESS,
             help="When stderr is not a terminal: one progress line every this many seconds.",
+        )),
+        *_distributed_options(),
+    ]
+
+
+def _distributed_options() -> list[tuple[str, Any, Any]]:
+    """The "Distributed" panel: the Ray engine and static sharding (see `embedcli.sharding`)."""
+    import typer
+
+    d = RunSettings()
+    return [
+        ("engine", str, typer.Option(
+            d.engine, "--engine", envvar=_env("engine"), rich_help_panel=DISTRIBUTED,
+            help="local: this process. ray: a pool of Ray actors (each loads the model once and runs the same "
+            "runner); output, resume and errors are unchanged. Needs pip install 'embedcli\\[ray]'.",
+        )),
+        ("ray_address", str | None, typer.Option(
+            None, "--ray-address", envvar=_env("ray-address"), rich_help_panel=DISTRIBUTED,
+            help="With --engine ray: the cluster to join (auto, or ray://HOST:10001); default: $RAY_ADDRESS, "
+            "else a local cluster started for the run.",
+        )),
+        ("workers", int, typer.Option(
+            d.workers, "--workers", envvar=_env("workers"), rich_help_panel=DISTRIBUTED,
+            help="With --engine ray: number of model actors (each holds one copy of the model).",
+        )),
+        ("gpus_per_worker", float, typer.Option(
+            d.gpus_per_worker, "--gpus-per-worker", envvar=_env("gpus-per-worker"), rich_help_panel=DISTRIBUTED,
+            help="With --engine ray: GPUs each actor reserves (0: CPU actors; 0.5: two actors share a GPU).",
+        )),
+        ("shard", str | None, typer.Option(
+            None, "--shard", envvar=_env("shard"), rich_help_panel=DISTRIBUTED,
+            help="K/N: compute only the K-th of N contiguous slices of the input records (0-based), for N "
+            "independent runs without Ray (Slurm arrays, cron); check the set with embedcli inspect OUT-* "
+            "--check and join it with embedcli merge OUT-* -o ALL.parquet.",
         )),
     ]
 

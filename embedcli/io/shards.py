@@ -42,6 +42,7 @@ from embedcli.io.manifest import (
     tmp_name,
     write_atomic,
 )
+from embedcli.io.writers import dictionary_columns
 
 KEY_WIDTH = 16
 KEY_TYPE = pa.binary(KEY_WIDTH)
@@ -188,7 +189,9 @@ class ShardStore:
             if self._writer is None:
                 self._tmp = tmp_name(path)
                 schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
-                self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+                self._writer = pq.ParquetWriter(
+                    self._tmp, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
+                )
             self._writer.write_table(table)
         except OSError as e:
             self.abort()
@@ -247,7 +250,7 @@ class ShardStore:
                 else:
                     path = os.path.join(self.root, _index_name(number))
                     sink = pa.BufferOutputStream()
-                    pq.write_table(pa.table({"key": keys_array(keys)}), sink, compression="zstd")
+                    pq.write_table(pa.table({"key": keys_array(keys)}), sink, compression="zstd", use_dictionary=False)
                     write_atomic(path, sink.getvalue().to_pybytes())
                     written.append(path)
                     entry.index = _index_name(number)
@@ -360,7 +363,7 @@ def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: s
     files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
     tmp = tmp_name(path)
     schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
-    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+    with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False) as writer:
         for f in files:
             writer.write_table(pq.read_table(f).replace_schema_metadata(None).cast(schema))
     _fsync_file(tmp)

@@ -1,0 +1,1 @@
+"""Compute engines other than the local process (see `embedcli.engines.ray_engine`)."""

@@ -1,0 +1,149 @@
+"""Static sharding (`--shard K/N`): one of N deterministic, contiguous slices of the input records.
+
+For clusters without Ray (a Slurm array, several cron jobs): N independent runs of the same command with
+`--shard 0/N` … `--shard N-1/N` and N different `-o` paths compute every input record exactly once.
+
+The partition: the inputs (after glob expansion, in command-line order) are read once without computing
+anything to count their records, `total`; shard K takes records `[K*total//N, (K+1)*total//N)`. A record is
+what the resume manifest counts: a row a reader returned, or a bad row it reported (a malformed line, bad
+UTF-8), in the order the shared loop sees them. Contiguous ranges keep input order, so joining the N outputs
+by range start (`embedcli merge`) gives the rows of the unsharded run, in order.
+
+Each shard output carries `embedcli.shard` (K/N), `embedcli.shard_range` (start:stop) and
+`embedcli.shard_total` in its metadata next to the usual provenance; `embedcli inspect OUT-* --check` checks
+the set is complete (every range once, same config, model and inputs) and `embedcli.merge` joins it.
+
+Duplicate ids are detected within a shard only (a repeat whose first occurrence is in another shard is not
+seen); `embedcli merge` reports ids repeated across shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from embedcli.unattended import BatchSource, subset
+
+KEY_SHARD = "embedcli.shard"
+KEY_SHARD_RANGE = "embedcli.shard_range"
+KEY_SHARD_TOTAL = "embedcli.shard_total"
+KEY_ENGINE = "embedcli.engine"
+SHARD_KEYS = (KEY_SHARD, KEY_SHARD_RANGE, KEY_SHARD_TOTAL)
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """`"K/N"` → (K, N) with 0 <= K < N; UsageError otherwise."""
+    from embedcli.jobs import UsageError
+
+    try:
+        k_text, n_text = value.split("/")
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise UsageError(f"--shard {value!r}: expected K/N, e.g. 0/4 (K counts from 0)") from None
+    if n < 1 or not 0 <= k < n:
+        raise UsageError(f"--shard {value!r}: K must be in 0..N-1 and N at least 1")
+    return k, n
+
+
+def check_distributed(settings: Any) -> None:
+    """UsageError for bad or conflicting Distributed flags (called by `RunSettings.check`)."""
+    from embedcli.jobs import UsageError
+    from embedcli.run_options import ENGINES
+
+    if settings.engine not in ENGINES:
+        raise UsageError(f"--engine {settings.engine!r}: choose local or ray")
+    if settings.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    if settings.gpus_per_worker < 0:
+        raise UsageError("--gpus-per-worker must be 0 or more")
+    if settings.engine == "local" and (
+        settings.ray_address or settings.workers != 1 or settings.gpus_per_worker
+    ):
+        raise UsageError("--ray-address, --workers and --gpus-per-worker need --engine ray")
+    if settings.shard is not None:
+        parse_shard(settings.shard)
+        if settings.incremental:
+            raise UsageError("--shard and --incremental do not combine: run --incremental on the merged output")
+
+
+def shard_range(k: int, n: int, total: int) -> tuple[int, int]:
+    """Records `[start, stop)` of shard K of N over `total` records."""
+    return k * total // n, (k + 1) * total // n
+
+
+def _records(
+    source: BatchSource, paths: Sequence[str] | None, batch_rows: int | None
+) -> Iterator[tuple[list[Any], Any]]:
+    """(bad rows reported while reading, batch) pairs of the raw readers, in the shared loop's order."""
+    errors: list[Any] = []
+    for batch in BatchSource.open(source, paths, batch_rows=batch_rows, on_bad_row=errors.append):
+        reported = list(errors)
+        errors.clear()
+        yield reported, batch
+    if errors:
+        yield list(errors), None
+
+
+def count_records(source: BatchSource, paths: Sequence[str] | None = None) -> int:
+    """Input records (rows and bad rows), counted by reading every input once; nothing is computed."""
+    return sum(len(errs) + (len(b) if b is not None else 0) for errs, b in _records(source, paths, None))
+
+
+@dataclass
+class RangeSource(BatchSource):
+    """A `BatchSource` restricted to records `[start, stop)`; the shared loop sees only those records."""
+
+    start: int = 0
+    stop: int = 0
+    label: str = ""
+
+    def open(
+        self,
+        paths: Sequence[str] | None = None,
+        *,
+        batch_rows: int | None = None,
+        on_bad_row: Callable[[Any], None] | None = None,
+    ) -> Iterator[Any]:
+        pos = 0
+        for errors, batch in _records(self, paths, batch_rows):
+            if pos >= self.stop:
+                return
+            for e in errors:
+                if self.start <= pos < self.stop:
+                    if on_bad_row is None:
+                        raise e
+                    on_bad_row(e)
+                pos += 1
+            if batch is None:
+                continue
+            n = len(batch)
+            lo, hi = max(self.start - pos, 0), min(self.stop - pos, n)
+            pos += n
+            if lo < hi:
+                import numpy as np
+
+                yield batch if (lo, hi) == (0, n) else subset(batch, np.arange(lo, hi))
+
+    def options(self) -> dict[str, Any]:
+        # A shard is its own job: another range into the same -o refuses to mix.
+        return {**super().options(), "shard": self.label, "records": [self.start, self.stop]}
+
+
+def shard_source(source: Any, shard: str) -> tuple[RangeSource, dict[str, str]]:
+    """The records of `--shard K/N` of `source`, and the metadata keys its output carries."""
+    from embedcli.jobs import UsageError
+
+    if not isinstance(source, BatchSource):
+        raise UsageError("--shard needs input files (the records are counted before the run)")
+    k, n = parse_shard(shard)
+    paths = source.paths()
+    from embedcli.io.errors import STDIN
+
+    if STDIN in paths:
+        raise UsageError("--shard needs input files, not - (stdin): the records are counted before the run")
+    total = count_records(source, paths)
+    start, stop = shard_range(k, n, total)
+    ranged = RangeSource(source.inputs, source.extra_text_cols, start=start, stop=stop, label=f"{k}/{n}")
+    meta = {KEY_SHARD: f"{k}/{n}", KEY_SHARD_RANGE: f"{start}:{stop}", KEY_SHARD_TOTAL: str(total)}
+    return ranged, meta
