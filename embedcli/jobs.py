@@ -70,19 +70,23 @@ class EmbedOptions:
     calibration: str | None = None
 
 
-def load(choice: ModelChoice):  # type: ignore[no-untyped-def]
-    """Resolve and load the model (imports torch lazily so `--help` stays fast)."""
+def load(choice: ModelChoice, spec: Any = None, **options: Any):  # type: ignore[no-untyped-def]
+    """Resolve (unless `spec` is given) and load the model; `options` are task options of `ModelOptions`.
+
+    torch is imported here, lazily, so `--help` stays fast.
+    """
     if choice.quantize and (choice.dtype not in ("auto", "float32") or choice.device.startswith("cuda")):
         raise UsageError("--quantize (int8 dynamic) runs on the CPU in float32: drop --dtype/--device or --quantize")
     from embedcli.models.loader import LoadedModel, ModelOptions
     from embedcli.models.spec import load_model_spec
 
-    spec = load_model_spec(
-        choice.model,
-        allow_pickle=choice.allow_pickle,
-        trust_remote_code=choice.trust_remote_code,
-        max_length=choice.max_length,
-    )
+    if spec is None:
+        spec = load_model_spec(
+            choice.model,
+            allow_pickle=choice.allow_pickle,
+            trust_remote_code=choice.trust_remote_code,
+            max_length=choice.max_length,
+        )
     return LoadedModel(
         spec,
         ModelOptions(
@@ -91,6 +95,7 @@ def load(choice: ModelChoice):  # type: ignore[no-untyped-def]
             allow_pickle=choice.allow_pickle,
             trust_remote_code=choice.trust_remote_code,
             quantize=choice.quantize,
+            **options,
         ),
     )
 

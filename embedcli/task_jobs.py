@@ -27,6 +27,7 @@ from embedcli.jobs import (
     OutputOptions,
     UsageError,
     kept_columns,
+    load,
     peak_rss_mb,
     provenance,
     read_batches,
@@ -76,18 +77,7 @@ def load_spec(choice: ModelChoice) -> Any:
 
 def load_model(spec: Any, choice: ModelChoice, **options: Any) -> Any:
     """Load `spec`'s weights with the choice's device/dtype and task options (activation, calibration, step)."""
-    from embedcli.models.loader import LoadedModel, ModelOptions
-
-    return LoadedModel(
-        spec,
-        ModelOptions(
-            device=choice.device,
-            dtype=choice.dtype,
-            allow_pickle=choice.allow_pickle,
-            trust_remote_code=choice.trust_remote_code,
-            **options,
-        ),
-    )
+    return load(choice, spec, **options)
 
 
 def calibration(spec: Any, logit_mean: float | None = None, logit_sigma: float | None = None) -> tuple[Any, Any]:
