@@ -63,6 +63,20 @@ def bbc_texts(limit: int | None = None) -> list[str]:
     return texts
 
 
+def bbc_mixed_texts(limit: int | None = None) -> list[str]:
+    """A mixed-length corpus from the same articles: headlines, first paragraphs and whole articles in turn.
+
+    Whole BBC articles are mostly cut at the model's max length, so every batch is nearly full and
+    padding (what packing saves) hardly exists; real corpora mix short and long texts.
+    """
+    out = []
+    for i, article in enumerate(bbc_texts(limit)):
+        headline, _, body = article.partition("\n")
+        paragraphs = [p.strip() for p in body.split("\n\n") if p.strip()]
+        out.append([headline.strip(), paragraphs[0] if paragraphs else headline, article][i % 3])
+    return out
+
+
 def read_texts(path: str, text_col: str = "text", limit: int | None = None) -> list[str]:
     """Texts of a corpus file through embedcli's own readers."""
     from embedcli.io.readers import read_inputs
@@ -242,7 +256,10 @@ def _transformers_sorted(path: str, texts: Sequence[str], max_length: int, dtype
     from transformers import AutoModel, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+    try:
+        model = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+    except ValueError:  # MPNet has no SDPA path in transformers
+        model = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
     stripped = [t.strip() for t in texts]
     lengths = [len(x) for x in tok(stripped, truncation=True, max_length=max_length)["input_ids"]]
     order = np.argsort(lengths)

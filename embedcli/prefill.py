@@ -151,13 +151,14 @@ def forward_with_slice(
         heads = int(config.num_attention_heads)
         head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        # The weights' dtype: under CPU bf16 autocast that is float32, which holds any key/value losslessly.
         dtype = next(model.backbone.parameters()).dtype
         state.cache.allocate(int(config.num_hidden_layers), int(kv_heads), int(head_dim), dtype, device)
     pack = PackInfo.build(lengths, device) if lengths else None
     positions = [torch.arange(n) for n in lengths] + [torch.arange(piece.start, piece.end)]
     pos = torch.cat(positions).to(device)
     prefix = PrefixSlice(state.cache, piece.length)
-    with torch.inference_mode():
+    with torch.inference_mode(), model.compute_context():
         out = model.backbone(
             input_ids=ids.to(device)[None], position_ids=pos[None], use_cache=False,
             embedcli_pack=pack, embedcli_prefix=prefix,
