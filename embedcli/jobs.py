@@ -129,6 +129,8 @@ def provenance(model: Any, runner: Any, extra: dict[str, Any] | None = None) -> 
         "embedcli.config": config_json,
         "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
         "embedcli.dtype": resolved["dtype"],
+        # Outside the config hash: how `auto` was resolved does not change what a resumed run must match.
+        "embedcli.dtype_reason": getattr(model, "dtype_reason", ""),
     }
 
 
@@ -270,4 +272,7 @@ def model_info(model: str | None, *, allow_pickle: bool = False, trust_remote_co
     info = spec.to_dict()
     info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
+    from embedcli.models.precision import auto_dtype_summary
+
+    info["dtype_auto"] = auto_dtype_summary(spec)
     return info

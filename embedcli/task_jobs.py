@@ -492,7 +492,7 @@ def _token_job(
     # must select *label* columns, as in vLLM where a reward model's forward already ends in its score head:
     # here the classifier is part of the head, so the columns are selected after it (see `_select_columns`)
     # and the activation runs on the kept columns only.
-    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id}
+    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id, "task": task}
     if task == "token_classify":
         mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
         activation = "none" if opts.returned_token_ids else _activation(opts.activation)
