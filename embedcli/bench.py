@@ -388,12 +388,12 @@ def format_report(report: BenchReport) -> str:
     lines = [
         f"model {report.model} | corpus {report.corpus}: {report.rows} rows, {report.tokens} tokens | "
         f"{report.threads} threads | {report.device} {report.dtype} | budget {report.max_batch_tokens} tokens",
-        f"{'contender':44} {'seconds':>9} {'tokens/s':>10} {'vs embedcli':>12} {'min cos':>10}",
+        f"{'contender':58} {'seconds':>9} {'tokens/s':>10} {'vs embedcli':>12} {'min cos':>10}",
     ]
     for c in report.contenders:
         cos = f"{c.min_cosine:.7f}" if c.min_cosine is not None else ""
         name = c.name + (f" [{c.note}]" if c.note else "")
-        lines.append(f"{name:44} {c.seconds:9.2f} {c.tokens_per_s:10.0f} {c.ratio_to_embedcli:12.3f} {cos:>10}")
+        lines.append(f"{name:58} {c.seconds:9.2f} {c.tokens_per_s:10.0f} {c.ratio_to_embedcli:12.3f} {cos:>10}")
     lines.append(
         f"roofline: {report.flops_per_token / 1e6:.1f} MFLOP/token x {report.contenders[0].tokens_per_s:.0f} tok/s "
         f"/ {report.matmul_flops_per_s / 1e9:.1f} GFLOP/s matmul = {report.roofline_fraction:.3f}"

@@ -102,7 +102,7 @@ OPT_MODEL = typer.Option(
 OPT_DEVICE = typer.Option("auto", "--device", envvar=_env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_DTYPE = typer.Option(
     "auto", "--dtype", envvar=_env("dtype"), rich_help_panel=MODEL,
-    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX), else float32). Use float32 for bit-level parity with sentence-transformers.",
+    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX) where the model passes its parity probe against float32 (decided once per model and cached; `embedcli info` shows it), else float32). Use float32 for bit-level parity with sentence-transformers.",
 )
 OPT_PICKLE = typer.Option(
     False, "--allow-pickle", envvar=_env("allow-pickle"), rich_help_panel=MODEL, help="Allow loading pickle (.bin) weights; off: safetensors only."
@@ -645,7 +645,7 @@ def bench(
     text_col: str = OPT_TEXT_COL,
     limit: int | None = typer.Option(None, "--limit", help="Use only the first N texts."),
     threads: int | None = typer.Option(None, "--threads", help="Torch threads for every contender (default: all cores)."),
-    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16."),
+    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16, auto (parity-probed)."),
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     no_transformers: bool = typer.Option(False, "--no-transformers", help="Skip the plain-transformers contender."),
     no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX Runtime float32 contender (extra: onnx)."),
