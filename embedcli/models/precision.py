@@ -95,9 +95,14 @@ def task_for_head(head: str) -> str:
     return _HEAD_TASK.get(head, "embed")
 
 
-def decision_path(model_hash: str, task: str, kind: str) -> Path:
-    """Where the decision for (model content hash, task, device kind, embedcli version) is cached."""
-    key = json.dumps([model_hash, task, kind, __version__, PROBE_VERSION])
+def probe_length(spec: ModelSpec) -> int:
+    """How far the probe's texts are cut: bf16 drift grows with length, so a decision holds for this length only."""
+    return min(spec.max_length, PROBE_MAX_LENGTH)
+
+
+def decision_path(model_hash: str, task: str, kind: str, length: int) -> Path:
+    """Where the decision for (model content hash, task, device kind, probe length, embedcli version) is cached."""
+    key = json.dumps([model_hash, task, kind, length, __version__, PROBE_VERSION])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     # The model hash leads the name so `info` can list every decision recorded for a model.
     return user_cache_dir("precision") / f"{model_hash[:16]}-{digest}.json"
@@ -151,7 +156,7 @@ def probe_outputs(model: LoadedModel, task: str, texts: Sequence[str] = PROBE_TE
         task, model.pooler_config, EmbeddingShape(spec.embedding_size, spec.is_matryoshka, spec.matryoshka_dimensions)
     )
     tok = model.tokenizer
-    tok.enable_truncation(min(spec.max_length, PROBE_MAX_LENGTH))
+    tok.enable_truncation(probe_length(spec))
     try:
         prepared = [t.strip().lower() if spec.do_lower_case else t.strip() for t in texts]
         encodings = tok.encode_batch(prepared)
@@ -200,7 +205,8 @@ def decide_auto_dtype(
     `bf16_candidate` is a context in which the model's forwards run the way `--dtype bfloat16` runs them.
     """
     bar = bar or ParityBar()
-    path = decision_path(model.spec.content_hash, task, kind) if model.spec.content_hash else None
+    spec = model.spec
+    path = decision_path(spec.content_hash, task, kind, probe_length(spec)) if spec.content_hash else None
     if path is not None and (cached := load_decision(path, bar)) is not None:
         return cached
     start = time.perf_counter()
@@ -240,7 +246,7 @@ def recorded_decisions(spec: ModelSpec) -> list[DtypeDecision]:
             continue
         with contextlib.suppress(TypeError):
             decision = DtypeDecision(**{**data, "cached": True})
-            if path == decision_path(spec.content_hash, decision.task, decision.device_kind):
+            if path == decision_path(spec.content_hash, decision.task, decision.device_kind, probe_length(spec)):
                 found.append(decision)
     return found
 

@@ -96,6 +96,10 @@ def test_cached_decision_is_not_probed_again(tiny_model, cache: Path, monkeypatc
         _load(tiny_model("bert-st"), parity_bar=ParityBar(min_cosine=0.999))
     with pytest.raises(AssertionError, match="probed again"):
         _load(tiny_model("bert-st"), task="token_embed")
+    # Nor one probed at another length (`--max-length` cuts the probe too; bf16 drift grows with length).
+    short = load_model_spec(str(tiny_model("bert-st")), max_length=16)
+    with pytest.raises(AssertionError, match="probed again"):
+        LoadedModel(short, ModelOptions(device="cpu", dtype="auto"))
 
 
 def test_classifier_is_probed_on_its_scores(tiny_model, cache: Path, tmp_path: Path, torch_single_thread) -> None:
