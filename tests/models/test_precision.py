@@ -173,3 +173,8 @@ def test_cli_output_and_info_say_which_dtype_and_why(drifting_model: Path, tiny_
         assert shown.startswith(f"{dtype} on this CPU") and words in shown
     report = json.loads(cli("inspect", tmp_path / "float32.parquet", "--json").stdout)
     assert "outside the bar" in report["provenance"]["dtype_reason"]
+    # token-embed is probed on token vectors, a decision of its own.
+    out = tmp_path / "tokens.parquet"
+    cli("token-embed", corpus, "-o", out, "-m", tiny_model("bert-st"), "--dtype", "auto", "-q")
+    meta = {k.decode(): v.decode() for k, v in pq.read_schema(out).metadata.items()}
+    assert "(token_embed)" in meta["embedcli.dtype_reason"]
