@@ -134,7 +134,7 @@ def unattended(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(**kwargs: Any) -> Any:
         own = {name: kwargs.pop(name) for name in names}
         try:
-            flags = RunFlags(**own).check()
+            flags = RunFlags(**own)
         except UsageError as e:
             typer.echo(f"embedcli: usage error: {e}", err=True)
             raise typer.Exit(2) from None

@@ -17,7 +17,9 @@ import numpy as np
 from embedcli.errors import InputError, TooManyErrors, display_path
 from embedcli.run.flags import RunFlags
 from embedcli.run.ids import IdSet
-from embedcli.run.source import BatchSource, slice_batch, subset
+from embedcli.run.source import BatchSource, null_text_error, slice_batch, subset
+
+NULL_FIX = "fill in the text or drop the row (or pass --on-error skip)"
 
 
 @dataclass
@@ -38,17 +40,6 @@ def valid_rows(batch: Any) -> list[int]:
     """Indices of the rows whose text (and every extra text) is there."""
     extra = list(batch.extra_texts.values())
     return [i for i, t in enumerate(batch.texts) if t is not None and all(col[i] is not None for col in extra)]
-
-
-def _null_error(batch: Any, i: int) -> InputError:
-    col = "text" if batch.texts[i] is None else next(c for c, v in batch.extra_texts.items() if v[i] is None)
-    return InputError(
-        batch.source,
-        f"{col} is null" if col == "text" else f"text field {col!r} is null",
-        location=batch.locations[i],
-        record_id=batch.ids[i],
-        fix="fill in the text or drop the row (or pass --on-error skip)",
-    )
 
 
 class RowChecks:
@@ -72,7 +63,7 @@ class RowChecks:
         n = len(batch)
         valid = valid_rows(batch)
         for i in sorted(set(range(n)) - set(valid)):
-            errors.append(self._bad(_null_error(batch, i)))
+            errors.append(self._bad(null_text_error(batch, i, NULL_FIX)))
         repeats = self.ids.add(batch.source, [batch.ids[i] for i in valid], [batch.locations[i] for i in valid])
         drop = set()
         for j, packed in repeats:

@@ -18,9 +18,8 @@ def run_job(job: Job) -> int:
     (`embedcli.run.repair`); then the unattended loop (`embedcli.run.loop`) runs: staging, manifest, commit
     by rename, resume, refusing to mix, bad rows, exit codes.
     """
-    flags = job.flags.check()
-    if flags.shard is not None:
-        source, shard_meta = shard_source(job.source, flags.shard)
+    if job.flags.shard is not None:
+        source, shard_meta = shard_source(job.source, job.flags.shard)
         job = replace(job, source=source, provenance={**job.provenance, **shard_meta})
     repair_missing_shards(job, run_job)
     return run_pipeline(job)

@@ -1,6 +1,6 @@
 """`RunFlags`: how an unattended run commits, resumes, treats bad rows, reports progress and scales out.
 
-One frozen value, checked once (`RunFlags.check`) and passed explicitly: the CLI builds it from the flags
+One frozen value, checked once when it is made and passed explicitly: the CLI builds it from the flags
 of the "Resume & errors", "Progress" and "Distributed" panels (`embedcli.cli.run_options`); a Python
 caller builds it directly.
 """
@@ -38,8 +38,9 @@ class RunFlags:
     gpus_per_worker: float = 0.0
     shard: str | None = None
 
-    def check(self) -> RunFlags:
-        """Raise UsageError for bad or conflicting values; returns itself."""
+    def __post_init__(self) -> None:
+        """Validated once, when made (a `dataclasses.replace` validates its copy): UsageError for bad or
+        conflicting values."""
         if self.on_error not in ON_ERROR:
             raise UsageError(f"--on-error {self.on_error!r}: choose fail or skip")
         if self.max_errors is not None:
@@ -56,7 +57,6 @@ class RunFlags:
         if self.log_every < 0:
             raise UsageError("--log-every must be 0 or more seconds")
         self._check_distributed()
-        return self
 
     def _check_distributed(self) -> None:
         if self.engine not in ENGINES:

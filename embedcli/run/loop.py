@@ -44,7 +44,7 @@ class Pipeline:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.flags = job.flags.check()
+        self.flags = job.flags
         self.meta = dict(job.provenance)
         self.source = job.source if isinstance(job.source, BatchSource) else None
         self.report = RunReport(quiet=job.reporting.quiet)

@@ -33,13 +33,18 @@ class InputOptions:
     batch_rows: int = 1024
 
 
-def check_texts(batch: Any, texts: Sequence[str | None] | None = None, col: str = "text") -> Sequence[str]:
-    """The batch's texts (or `texts`, its column `col`); InputError naming the first null one."""
-    values = batch.texts if texts is None else texts
-    for loc, rid, text in zip(batch.locations, batch.ids, values, strict=True):
+def null_text_error(batch: Any, i: int, fix: str = "fill or drop the row") -> InputError:
+    """The error of row `i`, whose text (or one of its extra text columns) is null: the one null-text check."""
+    col = "text" if batch.texts[i] is None else next(c for c, v in batch.extra_texts.items() if v[i] is None)
+    reason = f"{col} is null" if col == "text" else f"text field {col!r} is null"
+    return InputError(batch.source, reason, location=batch.locations[i], record_id=batch.ids[i], fix=fix)
+
+
+def check_texts(batch: Any) -> None:
+    """InputError naming the batch's first row with a null text."""
+    for i, text in enumerate(batch.texts):
         if text is None:
-            raise InputError(batch.source, f"{col} is null", location=loc, record_id=rid, fix="fill or drop the row")
-    return values  # type: ignore[return-value]
+            raise null_text_error(batch, i)
 
 
 def subset(batch: Any, idx: np.ndarray) -> Any:

@@ -84,7 +84,7 @@ def run_classify(
     inputs: InputOptions, choice: ModelChoice, opts: ClassifyOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
-    flags = (flags or RunFlags()).check()
+    flags = flags or RunFlags()
     check_target(output.path, flags)
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")

@@ -101,7 +101,7 @@ def run_embed(
     inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
-    flags = (flags or RunFlags()).check()
+    flags = flags or RunFlags()
     check_target(output.path, flags)
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     recipe = embed_recipe(

@@ -21,7 +21,7 @@ from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.progress import Progress
 from embedcli.run.report import RunReport, peak_rss_mb, write_stats
-from embedcli.run.source import BatchSource, InputOptions, check_texts, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
 from embedcli.run.target import check_target
 from embedcli.scoring import METHODS, PairScorer, TopN
 from embedcli.tasks.common import (
@@ -127,7 +127,7 @@ class ScoreCodec:
         n = len(batch.ids)
         if self.opts.left is not None:
             return RowInputs(self.scorer.doc_inputs([self.opts.left], batch.texts), batch)
-        rights = check_texts(batch, batch.extra_texts[self.opts.right_col], self.opts.right_col)
+        rights = batch.extra_texts[self.opts.right_col]  # nulls were set aside by the run's row checks
         return RowInputs(self.scorer.pair_inputs(batch.texts, rights), batch, row_of=lambda i: i % max(n, 1))
 
     def table(self, batch: Any, result: Any) -> Any:
@@ -154,7 +154,7 @@ def run_score(
     inputs: InputOptions, choice: ModelChoice, opts: ScoreOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
-    flags = (flags or RunFlags()).check()
+    flags = flags or RunFlags()
     check_target(output.path, flags)
     runner, scorer = pair_scorer(choice, opts, "score")
     if opts.left is not None:
@@ -260,7 +260,7 @@ def run_rerank(
     Documents are streamed; per query the best `--top-n` (or all) scores are kept with the documents' ids
     (and texts with `--return-documents`), and the output is written once every document is scored.
     """
-    flags = (flags or RunFlags()).check()
+    flags = flags or RunFlags()
     check_target(output.path, flags)
     if opts.top_n < 0:
         raise UsageError(f"--top-n {opts.top_n}: must be 0 (all) or more")

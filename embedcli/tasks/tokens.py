@@ -220,7 +220,7 @@ def run_token_embed(
     inputs: InputOptions, choice: ModelChoice, opts: TokenOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
-    flags = (flags or RunFlags()).check()
+    flags = flags or RunFlags()
     check_target(output.path, flags)
     runner = token_runner("token_embed", "token-embed", choice, opts)
     model = runner.model
@@ -235,7 +235,7 @@ def run_token_classify(
     inputs: InputOptions, choice: ModelChoice, opts: TokenOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
-    flags = (flags or RunFlags()).check()
+    flags = flags or RunFlags()
     check_target(output.path, flags)
     runner = token_runner("token_classify", "token-classify", choice, opts)
     model = runner.model
