@@ -210,6 +210,10 @@ class Runner:
             packs.append(np.asarray(current))
         return packs
 
+    def params_for(self, enc: Encoded, seq: int) -> PoolingParams:
+        """The pooling request of sequence `seq`: a chunk of an over-long row is pooled without the activation."""
+        return self._chunk_params if enc.chunked is not None and enc.chunked[seq] else self.params
+
     def _forward(self, enc: Encoded, members: np.ndarray) -> list[torch.Tensor]:
         seqs = [enc.ids[i] for i in members]
         lengths = [len(s) for s in seqs]
@@ -218,10 +222,7 @@ class Runner:
         if enc.type_ids is not None:
             types = torch.from_numpy(np.concatenate([enc.type_ids[i] for i in members]))
         hidden = self.model.forward_packed(flat, lengths, types)
-        if enc.chunked is None:
-            params = [self.params] * len(seqs)
-        else:
-            params = [self._chunk_params if enc.chunked[i] else self.params for i in members.tolist()]
+        params = [self.params_for(enc, i) for i in members.tolist()]
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu[1:])
         metadata = PoolingMetadata.from_cu_seqlens(
@@ -240,7 +241,12 @@ class Runner:
         over_budget = bool(enc.ids) and int(enc.lengths.max()) > self.max_batch_tokens
         if over_budget:
             # Decoders: chunked prefill in slices; encoders: each long sequence in a forward of its own.
-            run_long(self, enc, results)
+            run_long(
+                enc, results, model=self.model, pooler=self.pooler, budget=self.max_batch_tokens,
+                forward=lambda members: self._forward(enc, members), params_of=lambda i: self.params_for(enc, i),
+                stats=self.stats, with_token_ids=self.needs_token_ids,
+                sliceable=bool(self.model.spec.is_decoder) and self.options.chunked_prefill,
+            )
         for members in [] if over_budget else self._packs(enc.lengths):
             for i, out in zip(members.tolist(), self._forward(enc, members), strict=True):
                 results[i] = out
