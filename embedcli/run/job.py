@@ -29,7 +29,7 @@ class EngineStats(Protocol):
 class Engine(Protocol):
     """Turns batches of inputs into one result per batch, in order: the local `Runner` or `RayRunner`."""
 
-    stats: Any  # EngineStats
+    stats: EngineStats
     max_length: int
 
     def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]: ...
