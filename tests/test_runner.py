@@ -40,6 +40,14 @@ def test_defaults(tiny_loaded) -> None:
     assert runner.params.task == "embed" and runner.params.use_activation is True
 
 
+def test_runners_are_engines_of_the_run_loop(tiny_loaded) -> None:
+    from embedcli.engines.ray_engine import RayRunner
+    from embedcli.run import Engine
+
+    runner = Runner(tiny_loaded("bert-st"))
+    assert isinstance(runner, Engine) and isinstance(RayRunner(runner, workers=2), Engine)
+
+
 def test_max_length_option_overrides_model(tiny_loaded) -> None:
     runner = Runner(tiny_loaded("bert-st"), RunnerOptions(max_length=16))
     enc = runner.tokenize([LONG_TEXT])
