@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, InputError, OutputError
@@ -52,6 +52,7 @@ class Pipeline:
         self.manifest: Any = None
         self.store: Any = None
         self.paths: list[str] | None = None
+        self.output = resolve_output(job.target.path, job.target.fmt, self.flags)
 
     def note(self, message: str) -> None:
         """A one-line note on stderr (kept clear of the progress bar)."""
@@ -60,7 +61,6 @@ class Pipeline:
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
         """Run the job; returns the exit code (0, or 3 when rows were skipped)."""
-        self.output = resolve_output(self.job.target.path, self.job.target.fmt, self.flags)
         self._keys()
         try:
             if self.output.mode == "stdout":
@@ -119,7 +119,7 @@ class Pipeline:
         self.report.summary(self.job.engine, self.report.new_errors, sink.rows, self.flags.errors_file)
         return EXIT_SKIPPED if self.report.new_errors else EXIT_OK
 
-    def guarded_loop(self, sink: Any, skip: int, errors: Any) -> None:
+    def guarded_loop(self, sink: Any, skip: int, errors: Callable[[], Iterable[dict[str, Any]]]) -> None:
         """The loop, then `--errors-file` with every bad row (`errors()`) and the row that stopped the run."""
         fatal: list[dict[str, Any]] = []
         try:

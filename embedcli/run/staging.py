@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
 from embedcli.io.manifest import (
@@ -40,20 +40,23 @@ from embedcli.io.shards import (
 )
 from embedcli.run.incremental import describe_config_change
 
+if TYPE_CHECKING:  # the pipeline drives this module and is passed in; no import at run time
+    from embedcli.run.loop import Pipeline
+
 ERRORS_IN_METADATA = 20
 
 
-def _config_differs(p: Any, existing: dict[str, str]) -> bool:
+def _config_differs(p: Pipeline, existing: dict[str, str]) -> bool:
     if existing.get(KEY_CONFIG_KEY):
         return existing[KEY_CONFIG_KEY] != p.cfg_key
     return existing.get(KEY_CONFIG) != p.meta.get(KEY_CONFIG) or existing.get(KEY_MODEL) != p.meta.get(KEY_MODEL)
 
 
-def _complete_for_this_job(p: Any, existing: dict[str, str]) -> bool:
+def _complete_for_this_job(p: Pipeline, existing: dict[str, str]) -> bool:
     return bool(p.job_key) and existing.get(KEY_JOB) == p.job_key and existing.get(KEY_COMPLETE) == "true"
 
 
-def _already_complete(p: Any, existing: dict[str, str], root: str, lock: Any) -> int:
+def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: Any) -> int:
     staged = Manifest.load(root)
     if staged is None or staged.job_key == p.job_key:
         lock.release()
@@ -68,7 +71,7 @@ def _already_complete(p: Any, existing: dict[str, str], root: str, lock: Any) ->
     return EXIT_SKIPPED if skipped else EXIT_OK
 
 
-def _check_existing(p: Any, existing: dict[str, str] | None) -> bool:
+def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     """Refuse an output made otherwise (exit 2 without --overwrite); True when it is this job's, complete."""
     target, overwrite = p.output, p.flags.overwrite
     if existing is not None and not overwrite:
@@ -87,7 +90,7 @@ def _check_existing(p: Any, existing: dict[str, str] | None) -> bool:
     return False
 
 
-def _resume_or_start(p: Any, root: str) -> tuple[Manifest, bool]:
+def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     """The manifest to continue (staged work of this same job) or a fresh one; and whether it is fresh."""
     overwrite = p.flags.overwrite
     manifest = Manifest.load(root)
@@ -120,7 +123,7 @@ def _resume_or_start(p: Any, root: str) -> tuple[Manifest, bool]:
     return manifest, True
 
 
-def _final_meta(p: Any) -> dict[str, str]:
+def _final_meta(p: Pipeline) -> dict[str, str]:
     m = p.manifest
     first = []
     for record in p.store.committed_errors():
@@ -136,7 +139,7 @@ def _final_meta(p: Any) -> dict[str, str]:
     }
 
 
-def _finish(p: Any, root: str, lock: Any) -> int:
+def _finish(p: Pipeline, root: str, lock: Any) -> int:
     t0 = time.perf_counter()
     manifest = p.manifest
     meta = _final_meta(p)
@@ -154,7 +157,7 @@ def _finish(p: Any, root: str, lock: Any) -> int:
     return EXIT_SKIPPED if manifest.errors else EXIT_OK
 
 
-def run_staged(p: Any) -> int:
+def run_staged(p: Pipeline) -> int:
     """Run pipeline `p` into its staged output (see the module docstring); returns the exit code."""
     target = p.output
     root = staging_dir(target.path)
