@@ -30,7 +30,12 @@ class Chunk:
 
 
 def read_chunk(lines: Iterable[tuple[int, str]], model: ServedModel, seen: SeenIds | None = None) -> Chunk:
-    """Parse `(line number, text)` pairs (blank lines skipped) and flatten the valid requests' units."""
+    """Parse `(line number, text)` pairs (blank lines skipped) and flatten the valid requests' units.
+
+    `seen`: custom_ids already claimed (from `scan_custom_ids` over the whole file); by default only this
+    chunk's lines are compared with each other.
+    """
+    seen = seen if seen is not None else SeenIds()
     items = tuple(parse_line(text, number, model, seen) for number, text in lines if text.strip())
     return Chunk(items, flatten([x for x in items if isinstance(x, BatchRequest)]))
 
