@@ -22,6 +22,13 @@ How `embedcli run-batch` should be wired onto the shared run loop (the frozen `J
   PairScorer adds the query/document prompts as `score` and `rerank` do. Compare against `embed --prompt ""`
   on models with a default prompt. `truncate_prompt_tokens` None means "no truncation" in vLLM; the wiring
   decides whether an over-long unit is a bad line (vLLM: 400) or is cut as embedcli's default.
+- **The served model.** Build one `ServedModel` from the loaded model's spec: `names` = the `-m` value,
+  its basename and the spec's model id (what `body.model` may say; responses carry the first); `tasks` =
+  the spec's supported pooling tasks; Matryoshka sizes, max length, prompts, id2label; `score_method` =
+  what `score`/`rerank` would use (None when the model cannot score: a classifier with more than one label).
+- **Usage.** `usage.prompt_tokens` is the sum of the units' `tokens`: each text's prompt tokens after
+  truncation; for a pair, the tokens of both sides as scored (vLLM's bi-encoder count adds one pad token
+  per pair; the wiring may report that count for cosine pairs if exact parity with vLLM's usage matters).
 - **Results reassembled per line.** `write_chunk(chunk, results, ctx)` gives one output line per input
   line, in input order: 200 lines with the route's body, 400 lines for bad requests (bad lines never stop
   the run; `--on-error fail` stops at the first, exit 1; otherwise exit 3 when any line was bad).
