@@ -325,3 +325,11 @@ def test_blank_lines_are_skipped_but_counted() -> None:
     items = list(parse_lines(lines, EMBEDDER, seen=SeenIds()))
     assert [x.line for x in items] == [2, 4]
     assert isinstance(items[1], BadLine) and items[1].text.startswith("line 4: malformed JSON")
+
+
+def test_the_batch_api_package_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, embedcli.batchapi; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

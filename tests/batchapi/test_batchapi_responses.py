@@ -325,3 +325,11 @@ def test_a_non_finite_score_is_written_as_null() -> None:
     out = response_line(req, [UnitResult(float("-inf"), 2)], ctx())
     assert body(out)["data"][0]["score"] is None
     json.loads(json.dumps(out, allow_nan=False))
+
+
+def test_lines_are_written_as_pydantic_writes_them_for_vllm() -> None:
+    from embedcli.batchapi import dumps
+
+    # vLLM's run_batch writes `model_dump_json()`: compact, UTF-8 as is, shortest floats, inf/nan as null.
+    obj = {"v": [1e-6, 0.1, float("nan"), float("inf")], "t": "é ü", "n": None, "b": True}
+    assert dumps(obj) == '{"v":[1e-6,0.1,null,null],"t":"é ü","n":null,"b":true}'
