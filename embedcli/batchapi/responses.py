@@ -143,7 +143,7 @@ def _encoded(value: Any, options: ResponseOptions) -> Any:
     return _floats(value)
 
 
-def _list_body(request: BatchRequest, results: Sequence[UnitResult], ctx: ResponseContext, body_id: str,
+def _list_body(results: Sequence[UnitResult], ctx: ResponseContext, body_id: str,
                data: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "id": body_id,
@@ -161,7 +161,7 @@ def _embeddings(request: BatchRequest, results: Sequence[UnitResult], ctx: Respo
         {"index": i, "object": "embedding", "embedding": _encoded(r.value, request.options)}
         for i, r in enumerate(results)
     ]
-    return _list_body(request, results, ctx, body_id, data)
+    return _list_body(results, ctx, body_id, data)
 
 
 def _pooling(request: BatchRequest, results: Sequence[UnitResult], ctx: ResponseContext,
@@ -170,13 +170,13 @@ def _pooling(request: BatchRequest, results: Sequence[UnitResult], ctx: Response
         {"index": i, "object": "pooling", "data": _encoded(r.value, request.options)}
         for i, r in enumerate(results)
     ]
-    return _list_body(request, results, ctx, body_id, data)
+    return _list_body(results, ctx, body_id, data)
 
 
 def _score_body(request: BatchRequest, results: Sequence[UnitResult], ctx: ResponseContext,
                 body_id: str) -> dict[str, Any]:
     data = [{"index": i, "object": "score", "score": _score(r.value)} for i, r in enumerate(results)]
-    return _list_body(request, results, ctx, body_id, data)
+    return _list_body(results, ctx, body_id, data)
 
 
 def _label(id2label: Any, index: int) -> str | None:
@@ -192,7 +192,7 @@ def _classify(request: BatchRequest, results: Sequence[UnitResult], ctx: Respons
         probs = np.asarray(r.value, dtype=np.float32).reshape(-1)
         label = _label(ctx.model.id2label, int(np.argmax(probs))) if len(probs) else None
         data.append({"index": i, "label": label, "probs": probs.tolist(), "num_classes": len(probs)})
-    return _list_body(request, results, ctx, body_id, data)
+    return _list_body(results, ctx, body_id, data)
 
 
 def _rerank(request: BatchRequest, results: Sequence[UnitResult], ctx: ResponseContext,
