@@ -333,3 +333,32 @@ def test_the_batch_api_package_imports_no_torch() -> None:
 
     code = "import sys, embedcli.batchapi; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _spec(**fields: Any) -> Any:
+    from embedcli.models.spec import ModelSpec
+
+    base = {"name": "org/tiny", "path": "/m/tiny", "architecture": "BertModel", "model_type": "bert",
+            "head": "base", "is_decoder": False, "hidden_size": 16, "max_length": 32, "do_lower_case": False,
+            "seq_pooling_type": "MEAN", "normalize": True}
+    return ModelSpec(**{**base, **fields})
+
+
+def test_served_model_from_an_embedding_spec() -> None:
+    spec = _spec(embedding_size=8, is_matryoshka=True, matryoshka_dimensions=(4, 8),
+                 prompts=(("query", "q: "),))
+    served = ServedModel.from_spec(spec, names=("/m/tiny", "org/tiny"))
+    assert served.names == ("org/tiny", "/m/tiny") and served.name == "org/tiny"
+    assert served.tasks == {"embed", "token_embed"}
+    assert (served.embedding_size, served.matryoshka_dimensions, served.max_length) == (8, (4, 8), 32)
+    assert dict(served.prompts) == {"query": "q: "} and served.score_method == "cosine"
+    assert ServedModel.from_spec(spec, score_method="maxsim").score_method == "maxsim"
+
+
+@pytest.mark.parametrize(("num_labels", "method"), [(1, "cross-encoder"), (2, None)])
+def test_served_model_from_a_classifier_spec(num_labels: int, method: str | None) -> None:
+    labels = tuple(f"L{i}" for i in range(num_labels))
+    served = ServedModel.from_spec(_spec(head="sequence_classification", num_labels=num_labels, id2label=labels))
+    assert served.tasks == {"classify"} and served.score_method == method
+    assert dict(served.id2label) == dict(enumerate(labels))
+    assert served.embedding_size == 16  # no pooled embedding size: the hidden size
