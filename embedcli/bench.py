@@ -169,13 +169,15 @@ def run_bench(
     """Time every contender on the same texts, model, max length and threads; then fresh-process start-up."""
     import torch
 
-    from embedcli.jobs import ModelChoice, load, peak_rss_mb
-    from embedcli.runner import Runner, RunnerOptions
+    from embedcli.compute.runner import Runner, RunnerOptions
+    from embedcli.models.loader import LoadedModel
+    from embedcli.run.report import peak_rss_mb
+    from embedcli.tasks.common import ModelChoice, load_spec
 
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     choice = ModelChoice(model=model, device="cpu", dtype=dtype)
-    loaded = load(choice)
+    loaded = LoadedModel(load_spec(choice), choice.options())
     runner = Runner(loaded, RunnerOptions(max_batch_tokens=max_batch_tokens))
     lengths = [len(e.ids) for e in loaded.tokenizer.encode_batch([t.strip() for t in texts])]
     tokens_each = np.minimum(np.asarray(lengths), runner.max_length)
@@ -219,7 +221,9 @@ def _bench_embedcli(
     import pyarrow.parquet as pq
 
     from embedcli.io.writers import embedding_matrix
-    from embedcli.jobs import EmbedOptions, InputOptions, OutputOptions, run_embed
+    from embedcli.run.source import InputOptions
+    from embedcli.tasks.common import OutputOptions
+    from embedcli.tasks.embed import EmbedOptions, run_embed
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"

@@ -33,7 +33,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("name", ["bert-st", "bert-st-cls", "mpnet-st"])
 def test_onnx_contender_matches_embedcli_float32(name: str, tiny_model, tiny_loaded, cache: Path, torch_single_thread) -> None:
-    from embedcli.runner import Runner
+    from embedcli.compute.runner import Runner
 
     spec = load_model_spec(str(tiny_model(name)))
     ours = Runner(tiny_loaded(name)).embed(TEXTS)

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from embedcli import __version__
 from embedcli.models.probe_texts import PROBE_TEXTS, PROBE_VERSION
 from embedcli.user_cache import read_json, user_cache_dir, write_json
+from embedcli.version import __version__
 
 if TYPE_CHECKING:
     from embedcli.models.loader import LoadedModel
