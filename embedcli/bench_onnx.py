@@ -56,7 +56,9 @@ def export_dir(spec: Any) -> Path:
     if not spec.content_hash:
         raise OnnxUnavailable(f"{spec.name}: no content hash to key the export by")
     root = user_cache_dir("onnx")
-    final = root / spec.content_hash[:32]
+    # Keyed by the config hash too: the content hash does not cover sentence-transformers' pooling and
+    # Normalize files, and the export's `embedcli-onnx.json` records both.
+    final = root / f"{spec.content_hash[:16]}-{spec.config_hash()}"
     if (final / "embedcli-onnx.json").is_file():
         return final
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=root))

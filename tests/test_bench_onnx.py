@@ -14,7 +14,7 @@ pytest.importorskip("onnx")
 from embedcli import bench_onnx
 from embedcli.bench_onnx import OrtEmbedder, export_dir
 from embedcli.models.spec import load_model_spec
-from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS
+from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS, copy_model, edit_json
 
 TEXTS = [*SAMPLE_TEXTS, LONG_TEXT]
 
@@ -47,7 +47,7 @@ def test_onnx_contender_matches_embedcli_float32(name: str, tiny_model, tiny_loa
 def test_export_is_made_once_per_model(tiny_model, cache: Path, monkeypatch, tmp_path: Path, torch_single_thread) -> None:
     spec = load_model_spec(str(tiny_model("bert-st")))
     folder = export_dir(spec)
-    assert folder.parent == cache / "onnx" and folder.name == spec.content_hash[:32]
+    assert folder.parent == cache / "onnx" and folder.name == f"{spec.content_hash}-{spec.config_hash()}"
 
     def no_export(*args: object) -> None:
         raise AssertionError("exported again")
@@ -60,3 +60,15 @@ def test_export_is_made_once_per_model(tiny_model, cache: Path, monkeypatch, tmp
     bench_onnx.main([str(folder), str(source), str(tmp_path / "v.npy"), "1"])
     expected = OrtEmbedder(folder, threads=1).embed([TEXTS[1]])
     np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), expected)
+
+
+def test_export_is_keyed_by_the_pooling_config_too(tiny_model, cache: Path, tmp_path: Path, torch_single_thread) -> None:
+    mean = load_model_spec(str(tiny_model("bert-st")))
+    # Same weights, config.json and tokenizer (so the same content hash), CLS instead of MEAN pooling.
+    folder = copy_model(tiny_model("bert-st"), tmp_path / "bert-st-cls-pooled")
+    edit_json(folder / "1_Pooling" / "config.json",
+              lambda d: d.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True))
+    cls = load_model_spec(str(folder))
+    assert cls.content_hash == mean.content_hash and cls.seq_pooling_type == "CLS"
+    assert export_dir(mean) != export_dir(cls)
+    assert json.loads((export_dir(cls) / "embedcli-onnx.json").read_text())["pooling"] == "CLS"

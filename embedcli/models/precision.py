@@ -1,7 +1,7 @@
 """Parity-guarded `auto` dtype: bf16 only where the model's bf16 output stays within the bar on a probe set.
 
-The decision is made once per model content hash, task, device kind and embedcli version, and cached as a
-small JSON file in the user cache dir. Only the probe itself imports torch: `info` reads decisions without it.
+The decision is made once per model content and config hash, task, device kind and embedcli version, and
+cached as a small JSON file in the user cache dir. Only the probe itself imports torch: `info` reads decisions without it.
 """
 
 from __future__ import annotations
@@ -100,12 +100,16 @@ def probe_length(spec: ModelSpec) -> int:
     return min(spec.max_length, PROBE_MAX_LENGTH)
 
 
-def decision_path(model_hash: str, task: str, kind: str, length: int) -> Path:
-    """Where the decision for (model content hash, task, device kind, probe length, embedcli version) is cached."""
-    key = json.dumps([model_hash, task, kind, length, __version__, PROBE_VERSION])
+def decision_path(spec: ModelSpec, task: str, kind: str) -> Path:
+    """Where the decision for (model content and config hashes, task, device kind, probe length, embedcli
+    version) is cached."""
+    # The content hash covers config.json, tokenizer.json and the weights only; the config hash adds what
+    # sentence-transformers' own files decide (pooling, Normalize, Dense, max length), which the probe's
+    # outputs depend on as much as the weights do.
+    key = json.dumps([spec.content_hash, spec.config_hash(), task, kind, probe_length(spec), __version__, PROBE_VERSION])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     # The model hash leads the name so `info` can list every decision recorded for a model.
-    return user_cache_dir("precision") / f"{model_hash[:16]}-{digest}.json"
+    return user_cache_dir("precision") / f"{spec.content_hash[:16]}-{digest}.json"
 
 
 def load_decision(path: Path, bar: ParityBar) -> DtypeDecision | None:
@@ -206,7 +210,7 @@ def decide_auto_dtype(
     """
     bar = bar or ParityBar()
     spec = model.spec
-    path = decision_path(spec.content_hash, task, kind, probe_length(spec)) if spec.content_hash else None
+    path = decision_path(spec, task, kind) if spec.content_hash else None
     if path is not None and (cached := load_decision(path, bar)) is not None:
         return cached
     start = time.perf_counter()
@@ -246,7 +250,7 @@ def recorded_decisions(spec: ModelSpec) -> list[DtypeDecision]:
             continue
         with contextlib.suppress(TypeError):
             decision = DtypeDecision(**{**data, "cached": True})
-            if path == decision_path(spec.content_hash, decision.task, decision.device_kind, probe_length(spec)):
+            if path == decision_path(spec, decision.task, decision.device_kind):
                 found.append(decision)
     return found
 

@@ -14,6 +14,7 @@ from embedcli.models import precision
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.precision import ParityBar, compare
 from embedcli.models.spec import load_model_spec
+from tests.fixtures.tiny_models import copy_model, edit_json
 
 
 @pytest.fixture
@@ -100,6 +101,27 @@ def test_cached_decision_is_not_probed_again(tiny_model, cache: Path, monkeypatc
     short = load_model_spec(str(tiny_model("bert-st")), max_length=16)
     with pytest.raises(AssertionError, match="probed again"):
         LoadedModel(short, ModelOptions(device="cpu", dtype="auto"))
+
+
+def _cls_pooled(data: dict) -> None:
+    data.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+
+
+def test_decision_is_keyed_by_the_pooling_config_too(tiny_model, cache: Path, tmp_path: Path, monkeypatch, torch_single_thread) -> None:
+    first = _load(tiny_model("bert-st"))
+    assert not first.dtype_decision.cached
+    # Same weights, config.json and tokenizer (so the same content hash), another sentence-transformers pooling.
+    folder = copy_model(tiny_model("bert-st"), tmp_path / "bert-st-cls-pooled")
+    edit_json(folder / "1_Pooling" / "config.json", _cls_pooled)
+    spec = load_model_spec(str(folder))
+    assert spec.content_hash == first.spec.content_hash and spec.seq_pooling_type == "CLS"
+
+    def no_probe(*args: object, **kwargs: object) -> None:
+        raise AssertionError("probed again despite a cached decision")
+
+    monkeypatch.setattr(precision, "probe_outputs", no_probe)
+    with pytest.raises(AssertionError, match="probed again"):
+        LoadedModel(spec, ModelOptions(device="cpu", dtype="auto"))
 
 
 def test_classifier_is_probed_on_its_scores(tiny_model, cache: Path, tmp_path: Path, torch_single_thread) -> None:
