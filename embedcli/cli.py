@@ -62,10 +62,13 @@ def _run(fn: Callable[[], int]) -> None:
         raise typer.Exit(EXIT_FATAL) from None
     except Exception as e:
         from embedcli.models.resolve import ModelNotFoundError
-        from embedcli.models.spec import ModelConfigError
+        from embedcli.models.spec import ConfigRefusedError, ModelConfigError
         from embedcli.pooling import PoolingConfigError
         from embedcli.runner import LongInputError
 
+        if isinstance(e, ConfigRefusedError):
+            typer.echo(f"embedcli: error: {e}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
         if isinstance(e, PoolingConfigError):
             typer.echo(f"embedcli: usage error: {e}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
@@ -148,8 +151,12 @@ OPT_LONG_NO_CHUNK = typer.Option(
     "--stats) or error (exit 1 naming the row, its file/line and id, and its token count).",
 )
 OPT_STRIP = typer.Option(
-    True, "--strip/--no-strip", envvar=_env("strip"), rich_help_panel=INPUT,
-    help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
+    False, "--strip/--no-strip", envvar=_env("strip"), rich_help_panel=INPUT,
+    help="Strip surrounding whitespace before tokenizing (off by default: whitespace is kept, as "
+    "sentence-transformers >= 5.4, vLLM and TEI do; --strip restores the old sentence-transformers rule). "
+    "A text with no tokens (empty, or whitespace-only on a tokenizer that adds no special tokens) is not a bad "
+    "row: it gets sentence-transformers' value, the zero pooled vector through the model's head (Dense, "
+    "normalize: a zero vector stays zero).",
 )
 OPT_ACTIVATION = typer.Option(
     "auto", "--activation", envvar=_env("activation"), rich_help_panel=MODEL,
@@ -231,15 +238,13 @@ def embed(
         "if it lists a Normalize module).",
         show_default=False,
     ),
-    strip: bool = typer.Option(
-        True, "--strip/--no-strip", envvar=_env("strip"), rich_help_panel=INPUT,
-        help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
-    ),
+    strip: bool = OPT_STRIP,
     dimensions: int | None = typer.Option(
         None, "--dimensions", envvar=_env("dimensions"), rich_help_panel=MODEL,
-        help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. The model must "
-        "declare Matryoshka support (config.json matryoshka_dimensions or is_matryoshka) and N must be one of "
-        "its sizes and at most the embedding size; otherwise exit 2.",
+        help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N must be at most "
+        "the embedding size, and one of the model's sizes when it lists them (config.json "
+        "matryoshka_dimensions); otherwise exit 2. A model that declares no Matryoshka support is truncated "
+        "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr.",
     ),
     prompt: str | None = typer.Option(
         None, "--prompt", envvar=_env("prompt"), rich_help_panel=MODEL,
@@ -623,9 +628,11 @@ def info(
         for key in (
             "name", "path", "architecture", "model_type", "head", "seq_pooling_type", "normalize",
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
-            "similarity_fn_name", "tasks", "commands", "config_hash",
+            "tasks", "commands", "config_hash",
         ):
             table.add_row(key, str(data.get(key)))
+        for key, value in data["choices"].items():
+            table.add_row(key, value)
         table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
         table.add_row("prompts", ", ".join(name for name, _ in data["prompts"]) or "none")
         Console().print(table)

@@ -60,7 +60,7 @@ class EmbedOptions:
 
     normalize: bool | None = None
     max_batch_tokens: int | None = None
-    strip: bool = True
+    strip: bool = False
     dimensions: int | None = None
     prompt: str | None = None
     prompt_name: str | None = None
@@ -265,9 +265,11 @@ def model_info(model: str | None, *, allow_pickle: bool = False, trust_remote_co
     from embedcli.models.spec import load_model_spec
 
     spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    from embedcli.models.st_config import model_choices
     from embedcli.task_jobs import commands_for
 
     info = spec.to_dict()
+    info["choices"] = dict(model_choices(info))
     info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
     return info

@@ -44,6 +44,7 @@ from embedcli.models.packing import PackInfo
 from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata, PoolingState
 from embedcli.pooling.methods import CLSPool, LastPool, MeanPool, segment_sum_float32
 from embedcli.pooling.params import PoolingParams
+from embedcli.pooling.st_pooling import SegmentAccumulator, SentenceTransformerPool
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ def plan_forwards(lengths: np.ndarray, budget: int, sliceable: bool) -> tuple[li
     """Forwards for sequences of `lengths` under `budget`; also (sliced, solo) sequence counts."""
     order = np.argsort(-lengths, kind="stable").tolist()
     long_seqs = [i for i in order if int(lengths[i]) > budget]
-    short = [i for i in order if int(lengths[i]) <= budget]
+    # A sequence of no tokens is pooled without a forward (Runner.run_encoded).
+    short = [i for i in order if 0 < int(lengths[i]) <= budget]
     forwards: list[PlannedForward] = []
     if not sliceable:
         for i in long_seqs:
@@ -134,6 +136,7 @@ class SliceState:
     running_sum: torch.Tensor | None = None  # MEAN: float32 sum of the token states so far
     first: torch.Tensor | None = None  # CLS: the first token's state
     pooling_state: PoolingState = field(default_factory=PoolingState)  # ALL/STEP: cached slices
+    accumulator: SegmentAccumulator | None = None  # sentence-transformers modes: partial results so far
 
 
 def forward_with_slice(
@@ -189,6 +192,14 @@ def pool_forward(
     head = getattr(pooler, "head", None)
     if method is None or head is None:
         raise RuntimeError(f"{type(pooler).__name__} cannot pool a chunked prefill (no method + head)")
+    if isinstance(method, SentenceTransformerPool):
+        # Every sentence-transformers mode carries: sums, counts, weights, max, first and last token states.
+        acc = method.accumulate(hidden, cursor, method.skip(metadata))
+        for i, state in enumerate(states):
+            if state is not None:
+                state.accumulator = acc.row(i) if state.accumulator is None else state.accumulator.merge(acc.row(i))
+                acc.put(i, state.accumulator)
+        return _finish(head, method.finish(acc), metadata)
     if not isinstance(method, (LastPool, MeanPool, CLSPool)):
         # Token methods (ALL/STEP) keep their own per-sequence caches of the slices.
         metadata.pooling_states = [s.pooling_state if s is not None else PoolingState() for s in states]
@@ -210,6 +221,12 @@ def pool_forward(
                 if first_slice[i]:
                     state.first = pooled[i].clone()
                 pooled[i] = state.first
+    return _finish(head, pooled, metadata)
+
+
+def _finish(head, pooled: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor | None]:  # type: ignore[no-untyped-def]
+    """The head over the finished sequences' pooled vectors; `None` for the unfinished."""
+    cursor = metadata.cursor
     finished = cursor.is_finished()
     idx = torch.nonzero(finished).flatten()
     results: list[torch.Tensor | None] = [None] * len(cursor)
@@ -266,7 +283,7 @@ def run_long(runner, enc, results: list[torch.Tensor | None]) -> None:  # type: 
         seq_lens = [*lens[:-1], piece.end]
         metadata = PoolingMetadata.from_cu_seqlens(
             torch.from_numpy(cu), params, token_ids=flat if runner.needs_token_ids else None,
-            prompt_lens=prompt_lens, seq_lens=seq_lens,
+            prompt_lens=prompt_lens, seq_lens=seq_lens, prompt_token_lens=runner.prompt_token_lens(len(order)),
         )
         outs = pool_forward(runner.pooler, hidden, metadata, [*([None] * len(fwd.members)), state])
         for i, out in zip(order, outs, strict=True):

@@ -333,7 +333,7 @@ class ClassifyOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
-    strip: bool = True
+    strip: bool = False
 
 
 def run_classify(inputs: InputOptions, choice: ModelChoice, opts: ClassifyOptions, output: OutputOptions) -> int:
@@ -407,7 +407,7 @@ class TokenOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
-    strip: bool = True
+    strip: bool = False
 
 
 @dataclass
@@ -680,7 +680,9 @@ def _pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[
             strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
         ),
     )
-    return model, runner, PairScorer(runner, method, dict(spec.prompts))
+    # `--method auto` scores a bi-encoder as its own `model.similarity`; an explicit `--method cosine` is cosine.
+    similarity = spec.similarity_fn_name if opts.method == "auto" else "cosine"
+    return model, runner, PairScorer(runner, method, dict(spec.prompts), similarity)
 
 
 def run_score(inputs: InputOptions, choice: ModelChoice, opts: ScoreOptions, output: OutputOptions) -> int:
