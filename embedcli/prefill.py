@@ -27,7 +27,11 @@ finished when seq_lens == prompt_lens). Only finished sequences get a result:
 - MEAN: each slice's float32 segment sum is added to a per-sequence running sum, divided by the whole
   prompt length once, on the final slice (vLLM rejects MEAN on a partial prefill; embedcli does not);
 - CLS: the first token of the first slice, kept until the final slice;
-- ALL/STEP (token tasks): the pooler's own per-sequence hidden-state cache concatenates the slices.
+- ALL/STEP (token tasks): the pooler's own per-sequence hidden-state cache concatenates the slices;
+- sentence-transformers modes (max, weightedmean, mean_sqrt_len, concatenations, include_prompt=false):
+  each slice's `SegmentAccumulator` (sums, counts, position weights, max, first/last token) is merged into
+  the sequence's running one; positions are global, so the prompt's tokens and weightedmean's weights are
+  those of the whole sequence. Every mode carries; none is refused.
 
 The head (projector, Matryoshka slice, normalize / classifier) runs once, on the finished vector.
 """

@@ -160,11 +160,6 @@ class Runner:
         spec = self.model.spec
         if spec.include_prompt or self.options.task != "embed":
             return 0
-        if self.options.long_inputs == "chunk":
-            raise PoolingConfigError(
-                f"--long-inputs chunk is not defined with include_prompt=false ({spec.pooling_source}); "
-                "use truncate or error"
-            )
         return prompt_token_count(self._tokenizer, self._special_ids, self.options.prompt)
 
     def prompt_token_lens(self, num_seqs: int) -> torch.Tensor | None:
