@@ -245,7 +245,8 @@ class _Modules:
 def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
     modules_path = folder / "modules.json"
     default_mode = "lasttoken" if base.is_decoder else "cls"
-    pooling = PoolingChoice((default_mode,), True, f"default ({default_mode}: no Pooling module, as vLLM)")
+    why = f"the {base.architecture} head's token" if base.head != "base" else "no Pooling module, as vLLM"
+    pooling = PoolingChoice((default_mode,), True, f"default ({default_mode}: {why})")
     if not modules_path.is_file():
         return _Modules(False, pooling, True, (), ())
     modules = read_json(modules_path)

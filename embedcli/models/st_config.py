@@ -213,9 +213,8 @@ def _classifier_activation_name(info: dict[str, Any]) -> str:
 
 def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
     """`embedcli info` rows: pooling, prompt handling, activation, similarity, each with its source."""
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]
     if info.get("head") == "base":
-        rows.append(("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})"))
         prompt = "included in pooling" if info["include_prompt"] else "excluded from pooling (include_prompt=false)"
         rows.append(("prompt tokens", f"{prompt} ({info['pooling_source'].split(':')[0]})"))
         rows.append(("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"))

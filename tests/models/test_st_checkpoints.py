@@ -90,6 +90,7 @@ def test_cross_encoder_score_equals_predict(name, activation, cli, cross_encoder
     out = tmp_path / "scores.jsonl"
     cli("score", _pairs_file(tmp_path), "-m", folder, "-o", out, "-q")
     delta = np.abs(_scores(out) - expected).max()
+    print(f"{name}: score vs CrossEncoder.predict max |delta| {delta:.2e}")
     assert delta <= 1e-5, delta
     choices = _info(cli, folder)["choices"]
     source = "config_sentence_transformers.json: activation_fn"

@@ -72,4 +72,5 @@ def test_pooling_mode_equals_sentence_transformers(body, case, st_checkpoint, to
         got = embedder.embed(TEXTS)
         assert got.shape == expected.shape
         delta = float(np.abs(got - expected).max())
+        print(f"{body} {case} budget {budget}: max |delta| {delta:.2e}")
         assert delta <= 1e-5, f"{body} {case} budget {budget}: max |delta| {delta:.2e}"
