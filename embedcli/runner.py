@@ -160,7 +160,13 @@ class Runner:
         spec = self.model.spec
         if spec.include_prompt or self.options.task != "embed":
             return 0
-        return prompt_token_count(self._tokenizer, self._special_ids, self.options.prompt)
+        count = prompt_token_count(self._tokenizer, self._special_ids, self.options.prompt)
+        if count and self.options.truncation_side == "left":
+            # Cutting from the left would eat the prompt, and the first `count` tokens left would be text.
+            raise PoolingConfigError(
+                f"--truncation-side left with include_prompt=false ({spec.pooling_source}) and a prompt is not supported"
+            )
+        return count
 
     def prompt_token_lens(self, num_seqs: int) -> torch.Tensor | None:
         """Leading prompt tokens to exclude from pooling for each of `num_seqs` sequences (None: none)."""

@@ -261,3 +261,10 @@ def test_empty_row_in_token_embed(cli, tiny_model, tmp_path) -> None:
     cli("token-embed", _texts_file(tmp_path, ["", "hello world"]), "-m", tiny_model("qwen2-st6"), "-o", out, "-q")
     rows = pq.read_table(out).column("embeddings").to_pylist()
     assert len(rows[0]) == 0 and len(rows[1]) > 0
+
+
+def test_left_truncation_with_an_excluded_prompt_is_refused(cli, tiny_model, tmp_path) -> None:
+    folder = build_st_model(tiny_model("bert"), tmp_path / "m", include_prompt=False, prompts={"query": "query: "})
+    err = cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "--prompt-name", "query", "--truncation-side", "left",
+              "-o", tmp_path / "v.parquet", code=2)
+    assert "--truncation-side left with include_prompt=false" in err.stderr
