@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedcli.models.errors import ConfigRefusedError, ModelConfigError
+from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
 from embedcli.models.st_config import (
     MODE_TYPES,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedcli.models.errors import ConfigRefusedError, ModelConfigError
+from embedcli.errors import ConfigRefusedError, ModelConfigError
 
 # Module class paths in modules.json: the classic `sentence_transformers.models.*` names, and the ones
 # sentence-transformers >= 6 writes when it saves a model (`base.modules.*`, `sentence_transformer.modules.*`).
