@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_SKIPPED",
     "EXIT_USAGE",
     "STDIN",
+    "ConfigRefusedError",
     "EmbedcliError",
     "InputError",
     "LongInputError",
@@ -62,6 +63,12 @@ class PoolingConfigError(EmbedcliError, ValueError):
 
 class ModelConfigError(EmbedcliError, ValueError):
     """A model folder embedcli cannot serve, with the file at fault and the fix (exit 1)."""
+
+
+class ConfigRefusedError(ModelConfigError):
+    """A model file or flag value embedcli refuses on purpose, naming the file and key (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 class ModelNotFoundError(EmbedcliError, FileNotFoundError):

@@ -88,8 +88,12 @@ OPT_LONG_NO_CHUNK = typer.Option(
     "--stats) or error (exit 1 naming the row, its file/line and id, and its token count).",
 )
 OPT_STRIP = typer.Option(
-    True, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
-    help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
+    False, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
+    help="Strip surrounding whitespace before tokenizing (off by default: whitespace is kept, as "
+    "sentence-transformers >= 5.4, vLLM and TEI do; --strip restores the old sentence-transformers rule). "
+    "A text with no tokens (empty, or whitespace-only on a tokenizer that adds no special tokens) is not a bad "
+    "row: it gets sentence-transformers' value, the zero pooled vector through the model's head (Dense, "
+    "normalize: a zero vector stays zero).",
 )
 OPT_ACTIVATION = typer.Option(
     "auto", "--activation", envvar=env("activation"), rich_help_panel=MODEL,
@@ -155,15 +159,12 @@ OPT_EMBED_NORMALIZE = typer.Option(
     "if it lists a Normalize module).",
     show_default=False,
 )
-OPT_EMBED_STRIP = typer.Option(
-    True, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
-    help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
-)
 OPT_EMBED_DIMENSIONS = typer.Option(
     None, "--dimensions", envvar=env("dimensions"), rich_help_panel=MODEL,
-    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. The model must "
-    "declare Matryoshka support (config.json matryoshka_dimensions or is_matryoshka) and N must be one of "
-    "its sizes and at most the embedding size; otherwise exit 2.",
+    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N must be at most "
+    "the embedding size, and one of the model's sizes when it lists them (config.json "
+    "matryoshka_dimensions); otherwise exit 2. A model that declares no Matryoshka support is truncated "
+    "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr.",
 )
 OPT_EMBED_PROMPT = typer.Option(
     None, "--prompt", envvar=env("prompt"), rich_help_panel=MODEL,

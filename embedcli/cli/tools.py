@@ -35,9 +35,11 @@ def info(
         for key in (
             "name", "path", "architecture", "model_type", "head", "seq_pooling_type", "normalize",
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
-            "similarity_fn_name", "tasks", "commands", "config_hash", "dtype_auto",
+            "tasks", "commands", "config_hash", "dtype_auto",
         ):
             table.add_row(key, str(data.get(key)))
+        for key, value in data["choices"].items():
+            table.add_row(key, value)
         table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
         table.add_row("prompts", ", ".join(name for name, _ in data["prompts"]) or "none")
         Console().print(table)

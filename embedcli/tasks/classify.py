@@ -41,7 +41,7 @@ class ClassifyOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
-    strip: bool = True
+    strip: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class EmbedOptions:
 
     normalize: bool | None = None
     max_batch_tokens: int | None = None
-    strip: bool = True
+    strip: bool = False
     dimensions: int | None = None
     prompt: str | None = None
     prompt_name: str | None = None

@@ -109,7 +109,9 @@ def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[R
         ),
         **extra,
     )
-    return runner, PairScorer(runner, method, dict(spec.prompts))
+    # `--method auto` scores a bi-encoder as its own `model.similarity`; an explicit `--method cosine` is cosine.
+    similarity = spec.similarity_fn_name if opts.method == "auto" else "cosine"
+    return runner, PairScorer(runner, method, dict(spec.prompts), similarity)
 
 
 # -- score ---------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ class TokenOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
-    strip: bool = True
+    strip: bool = False
 
 
 def special_ids(model: Any) -> np.ndarray:
