@@ -599,6 +599,71 @@ def token_classify(
     )
 
 
+@app.command(
+    epilog="Example: [bold]embedcli search vectors.parquet --queries q.jsonl --top-k 100 --keep-cols text -o -[/bold]",
+)
+def search(
+    vectors: str = typer.Argument(..., help="A Parquet file written by embedcli embed.", show_default=False),
+    query: str | None = typer.Option(None, "--query", rich_help_panel=INPUT, help="One query text."),
+    queries: str | None = typer.Option(
+        None, "--queries", envvar=_env("queries"), rich_help_panel=INPUT,
+        help="A file of queries (JSONL, Parquet, CSV, .txt) with --query-col text and an id column.",
+    ),
+    query_col: str = typer.Option("text", "--query-col", rich_help_panel=INPUT, help="Column of the query text."),
+    query_id_col: str | None = typer.Option(
+        None, "--query-id-col", rich_help_panel=INPUT, help="Column of the query id (default: 'id', else file:line)."
+    ),
+    top_k: int = typer.Option(10, "--top-k", envvar=_env("top-k"), rich_help_panel=OUTPUT, help="Hits per query."),
+    keep_cols: str = typer.Option(
+        "", "--keep-cols", envvar=_env("keep-cols"), rich_help_panel=OUTPUT,
+        help="Comma-separated columns of the vectors file to add to each hit (e.g. text, for rerank).",
+    ),
+    rescore: int = typer.Option(
+        0, "--rescore", envvar=_env("rescore"), rich_help_panel=OUTPUT,
+        help="Quantized vectors: take top-k x N candidates by the quantized score, then rescore them with the "
+        "float query (sentence-transformers' rescore_multiplier). 0: off.",
+    ),
+    block_rows: int = typer.Option(
+        8192, "--block-rows", envvar=_env("block-rows"), rich_help_panel=BATCHING,
+        help="Vectors scored per step; memory follows this, not the file size.",
+    ),
+    model: str | None = typer.Option(
+        None, "-m", "--model", envvar=_env("model"), rich_help_panel=MODEL,
+        help="The model that made the vectors (default: the one named in their provenance); another is refused.",
+    ),
+    device: str = OPT_DEVICE,
+    dtype: str = typer.Option(
+        "auto", "--dtype", envvar=_env("dtype"), rich_help_panel=MODEL,
+        help="auto: the dtype the vectors were made with; float32, bfloat16, float16.",
+    ),
+    allow_pickle: bool = OPT_PICKLE,
+    trust_remote_code: bool = OPT_REMOTE,
+    output: str = typer.Option(
+        "-", "-o", "--output", envvar=_env("output"), rich_help_panel=OUTPUT,
+        help="Output path: .parquet or .jsonl; - (default) writes JSONL to stdout.",
+    ),
+    output_format: str | None = OPT_OUT_FORMAT,
+    quiet: bool = OPT_QUIET,
+) -> None:
+    """Exact top-k search of a vectors file: query_id, rank, id, score and kept columns, best first.
+
+    Queries are embedded as the vectors were (model, prompt, normalization, dimensions, precision: read from
+    the file's provenance; the model's 'query' prompt where it has one). Scores: cosine for float vectors,
+    the dot product of codes for int8/uint8 (queries quantized with the stored ranges), agreeing bits for
+    binary/ubinary; ties go to the earlier row.
+    """
+    from embedcli.jobs import ModelChoice, OutputOptions
+    from embedcli.search_job import SearchOptions, run_search
+
+    _run(
+        lambda: run_search(
+            SearchOptions(vectors, query, queries, query_col, query_id_col, top_k, _cols(keep_cols), rescore, block_rows),
+            ModelChoice(model, device, dtype, None, allow_pickle, trust_remote_code),
+            OutputOptions(output, output_format, quiet),
+        )
+    )
+
+
 @app.command(epilog="Example: [bold]embedcli info sentence-transformers/all-MiniLM-L6-v2 --json[/bold]")
 def info(
     model: str | None = typer.Argument(None, help="Model folder or id (default: all-MiniLM-L6-v2)."),

@@ -162,28 +162,37 @@ def search_blocks(
     k: int,
     space: SearchSpace | None = None,
     rescore_multiplier: int = 0,
+    query_chunk: int = 1024,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-`k` of float `queries` `[q, dim]` over stored vectors given block by block.
 
-    Returns (scores, rows), `[q, min(k, n)]`, best first; rows count from 0 across blocks.
+    Returns (scores, rows), `[q, min(k, n)]`, best first; rows count from 0 across blocks. Working memory
+    is about `query_chunk x block rows` scores (float64) plus one block of vectors.
     """
     space = space or SearchSpace()
     queries = np.asarray(queries, dtype=np.float32)
     encoded = space.encode_queries(queries)
     rescoring = rescore_multiplier > 0 and space.quantized
-    top = TopK(len(queries), k * rescore_multiplier if rescoring else k)
+    chunks = [slice(i, min(i + query_chunk, len(queries))) for i in range(0, len(queries), query_chunk)]
+    tops = [TopK(c.stop - c.start, k * rescore_multiplier if rescoring else k) for c in chunks]
     first = 0
     for block in blocks:
         if len(block):
-            top.add(space.scores(encoded, block), first, block if rescoring else None)
+            for c, top in zip(chunks, tops, strict=True):
+                top.add(space.scores(encoded[c], block), first, block if rescoring else None)
         first += len(block)
-    scores, rows = top.result()
-    if not rescoring or top.payload is None:
-        return scores, rows
-    rescored = space.rescore(queries, top.payload)
-    keep = best_positions(rescored, rows, k)
-    take = np.arange(len(queries))[:, None]
-    return rescored[take, keep], rows[take, keep]
+    found = min(first, k)
+    scores = np.zeros((len(queries), found), dtype=np.float64)
+    rows = np.zeros((len(queries), found), dtype=np.int64)
+    for c, top in zip(chunks, tops, strict=True):
+        s, r = top.result()
+        if rescoring and top.payload is not None:
+            rescored = space.rescore(queries[c], top.payload)
+            keep = best_positions(rescored, r, k)
+            take = np.arange(len(r))[:, None]
+            s, r = rescored[take, keep], r[take, keep]
+        scores[c], rows[c] = s, r
+    return scores, rows
 
 
 def parquet_vector_blocks(path: str, block_rows: int = DEFAULT_BLOCK_ROWS, column: str = "embedding") -> Iterator[np.ndarray]:

@@ -33,13 +33,14 @@ def _corpus(n: int, dim: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("block", [1, 3, 7, 1000])
 @pytest.mark.parametrize("k", [1, 4, 50])  # 50 > n
-def test_float32_matches_float64_cosine(block: int, k: int) -> None:
+@pytest.mark.parametrize("query_chunk", [3, 1024])
+def test_float32_matches_float64_cosine(block: int, k: int, query_chunk: int) -> None:
     x = _corpus(23, 16, 0)
     q = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
     q[3] = x[2] * 3  # its best rows are the three copies of row 2, tied
     unit = lambda a: a.astype(np.float64) / np.linalg.norm(a.astype(np.float64), axis=1, keepdims=True)  # noqa: E731
     ref_scores, ref_rows = _brute(unit(q) @ unit(x).T, k)
-    scores, rows = search_blocks(q, _blocks(x, block), k)
+    scores, rows = search_blocks(q, _blocks(x, block), k, query_chunk=query_chunk)
     assert rows.shape == (4, min(k, 23))
     assert np.array_equal(rows, ref_rows)
     np.testing.assert_allclose(scores, ref_scores, atol=1e-6)
@@ -97,7 +98,7 @@ def test_rescoring_reranks_the_oversampled_candidates_with_the_float_query(preci
         order = sorted(range(len(s)), key=lambda j: (-s[j], cand[i][j]))[:k]
         exp_rows.append(cand[i][order])
         exp_scores.append(s[order])
-    scores, rows = search_blocks(q, _blocks(codes, 7), k, space, rescore_multiplier=mult)
+    scores, rows = search_blocks(q, _blocks(codes, 7), k, space, rescore_multiplier=mult, query_chunk=3)
     assert np.array_equal(rows, np.asarray(exp_rows))
     np.testing.assert_allclose(scores, np.asarray(exp_scores), rtol=1e-5)
 
