@@ -96,8 +96,8 @@ OPT_FORMAT = typer.Option(
 )
 OPT_MODEL = typer.Option(
     None, "-m", "--model", envvar=_env("model"), rich_help_panel=MODEL,
-    help="Local model folder or model id resolved offline (hub cache or an installed package). "
-    "Default: sentence-transformers/all-MiniLM-L6-v2.",
+    help="Local model folder or Hub id (org/model[@revision]): a folder, the hub cache or an installed package "
+    "first; else downloaded (safetensors only) unless HF_HUB_OFFLINE is set. Default: sentence-transformers/all-MiniLM-L6-v2.",
 )
 OPT_DEVICE = typer.Option("auto", "--device", envvar=_env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_DTYPE = typer.Option(
@@ -662,6 +662,31 @@ def search(
             OutputOptions(output, output_format, quiet),
         )
     )
+
+
+@app.command(epilog="Example: [bold]embedcli download BAAI/bge-small-en-v1.5 --revision 5c38ec7c405ec4b44b94cc5a9bb96e735b38267a[/bold]")
+def download(
+    model: str = typer.Argument(..., help="A Hub model id: org/model (or org/model@revision).", show_default=False),
+    revision: str | None = typer.Option(
+        None, "--revision", envvar=_env("revision"), help="Branch, tag or commit to fetch (default: main); pin a commit for reproducible runs.",
+    ),
+    allow_pickle: bool = OPT_PICKLE,
+    quiet: bool = typer.Option(False, "-q", "--quiet", envvar=_env("quiet"), help="No progress or notes on stderr."),
+) -> None:
+    """Fetch a Hub model into the standard Hugging Face cache ahead of an offline run (e.g. a cron job).
+
+    Fetches configs, tokenizer and safetensors weights only (pickle weights only with --allow-pickle, where a
+    folder has no safetensors); prints the snapshot folder. Later runs find it offline (HF_HUB_OFFLINE=1 works).
+    Uses HF_ENDPOINT, HF_HOME / HF_HUB_CACHE and HF_TOKEN as huggingface_hub does; a model already cached is not
+    fetched again.
+    """
+    from embedcli.models.download import fetch
+
+    def go() -> int:
+        typer.echo(str(fetch(model, revision, allow_pickle=allow_pickle, quiet=quiet)))
+        return 0
+
+    _run(go)
 
 
 @app.command(epilog="Example: [bold]embedcli info sentence-transformers/all-MiniLM-L6-v2 --json[/bold]")

@@ -220,7 +220,7 @@ def load_model_spec(
     max_length: int | None = None,
 ) -> ModelSpec:
     """Resolve `model` offline and read its configuration into a `ModelSpec`."""
-    folder = resolve_model_path(model)
+    folder = resolve_model_path(model, allow_pickle=allow_pickle)
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelConfigError(f"{config_path}: missing; pass a model folder that holds config.json")
