@@ -201,8 +201,11 @@ def parquet_vector_blocks(path: str, block_rows: int = DEFAULT_BLOCK_ROWS, colum
 
     from embedcli.io.writers import embedding_matrix
 
-    with pq.ParquetFile(path) as pf:
-        for batch in pf.iter_batches(batch_size=block_rows, columns=[column]):
+    # pre_buffer=False and use_threads=False: by default pyarrow fetches every row group's column chunk up
+    # front and decodes ahead, so memory grows with the file (measured on 100k x 384 float32 in 1,024-row
+    # row groups: peak +298 MiB by default; see benchmarks/bench_search.py for the figures without).
+    with pq.ParquetFile(path, pre_buffer=False) as pf:
+        for batch in pf.iter_batches(batch_size=block_rows, columns=[column], use_threads=False):
             yield embedding_matrix(batch.column(0))
 
 
@@ -214,9 +217,9 @@ def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int =
     wanted = np.unique(rows)
     pieces = []
     first = 0
-    with pq.ParquetFile(path) as pf:
+    with pq.ParquetFile(path, pre_buffer=False) as pf:
         schema = pf.schema_arrow
-        for batch in pf.iter_batches(batch_size=block_rows, columns=columns):
+        for batch in pf.iter_batches(batch_size=block_rows, columns=columns, use_threads=False):
             lo, hi = np.searchsorted(wanted, [first, first + batch.num_rows])
             if hi > lo:
                 pieces.append(batch.take(pa.array(wanted[lo:hi] - first)))
