@@ -635,6 +635,7 @@ class RerankOptions(PairOptions):
     query_id_col: str | None = None
     top_n: int = 0
     return_documents: bool = False
+    group_col: str | None = None  # each row is a candidate of the query whose id is in this column
 
 
 def resolve_method(spec: Any, method: str, command: str) -> str:
@@ -743,6 +744,19 @@ def _read_queries(opts: RerankOptions) -> list[tuple[str, str]]:
     return out
 
 
+def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
+    """Per row of a grouped-candidates batch, the position of its query in --queries (InputError if unknown)."""
+    from embedcli.io.errors import InputError
+
+    out = np.empty(len(batch.ids), dtype=np.int64)
+    for j, (loc, rid, qid) in enumerate(zip(batch.locations, batch.ids, _check_column(batch, col), strict=True)):
+        if qid not in q_index:
+            raise InputError(batch.source, f"{col} {qid!r} is not the id of a query in --query/--queries",
+                             location=loc, record_id=rid, fix="pass the --queries file the candidates were searched with")
+        out[j] = q_index[qid]
+    return out
+
+
 def run_rerank(inputs: InputOptions, choice: ModelChoice, opts: RerankOptions, output: OutputOptions) -> int:
     """`embedcli rerank`: every query against every document, sorted by score (stable), cut to `--top-n`.
 
@@ -765,17 +779,20 @@ def run_rerank(inputs: InputOptions, choice: ModelChoice, opts: RerankOptions, o
     model, runner, scorer = _pair_scorer(choice, opts, "rerank")
     nq = len(queries)
     rows = inputs.batch_rows
-    if scorer.method == "cross-encoder" and nq:
+    grouped = opts.group_col is not None  # candidates grouped by query (e.g. `embedcli search ... -o -`)
+    if scorer.method == "cross-encoder" and nq and not grouped:
         rows = max(1, min(rows, 8192 // nq))  # at most ~8k pairs per step
-    q_encoded = scorer.encode_queries(q_texts)
+    q_encoded = None if grouped else scorer.encode_queries(q_texts)
+    q_index = {q: i for i, q in enumerate(q_ids)}
     keepers = [TopN(opts.top_n) for _ in queries]
     doc_ids: list[str] = []
     doc_texts: list[str] = []
     doc_cols: dict[str, list[Any]] = {c: [] for c in inputs.keep_cols}
-    held: deque[tuple[int, int]] = deque()
+    held: deque[tuple[int, int, np.ndarray | None]] = deque()
 
     def runner_inputs() -> Iterator[RowInputs]:
-        for batch in read_batches(replace(inputs, batch_rows=rows)):
+        extra = [opts.group_col] if grouped else []
+        for batch in read_batches(replace(inputs, batch_rows=rows), extra_text_cols=extra):
             base = len(doc_ids)
             n = len(batch.ids)
             doc_ids.extend(batch.ids)
@@ -783,15 +800,28 @@ def run_rerank(inputs: InputOptions, choice: ModelChoice, opts: RerankOptions, o
                 doc_texts.extend(batch.texts)
             for c in inputs.keep_cols:
                 doc_cols[c].extend(batch.columns[c])
-            held.append((base, n))
+            if grouped:
+                groups = _query_of_rows(batch, opts.group_col, q_index)  # type: ignore[arg-type]
+                held.append((base, n, groups))
+                pairs = scorer.pair_inputs([q_texts[g] for g in groups], batch.texts)
+                yield RowInputs(pairs, batch, row_of=lambda i, n=n: i % n)
+                continue
+            held.append((base, n, None))
             yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=lambda i, n=n: i % n)
 
     with _progress(output.quiet) as bar:
         if nq:
             for result in runner.map(runner_inputs()):
-                base, n = held.popleft()
-                scores = scorer.score_matrix(q_encoded, result, nq, n)
+                base, n, groups = held.popleft()
                 index = np.arange(base, base + n)
+                if groups is not None:  # each row against its own query only
+                    pair_scores = scorer.pair_scores(result, n)
+                    for qi in np.unique(groups):
+                        mine = groups == qi
+                        keepers[qi].add(pair_scores[mine], index[mine])
+                    bar.update(n)
+                    continue
+                scores = scorer.score_matrix(q_encoded, result, nq, n)
                 for qi, keeper in enumerate(keepers):
                     keeper.add(scores[qi], index)
                 bar.update(n)
@@ -827,7 +857,8 @@ def run_rerank(inputs: InputOptions, choice: ModelChoice, opts: RerankOptions, o
         tables = [pa.table(empty)]
     schema = tables[0].schema
     meta = provenance(model, runner, {"method": scorer.method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
-                                      "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt})
+                                      "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt,
+                                      "group_col": opts.group_col})
     writer = open_writer(output.path, schema, meta, fmt=output.fmt)
     try:
         for table in tables:

@@ -125,3 +125,39 @@ def test_search_refuses_files_that_are_not_embed_vectors(cli, corpus, tmp_path):
     assert "no embedcli provenance" in result.stderr
     result = cli("search", corpus / "docs.jsonl", "--query", "x", code=2)
     assert "not a Parquet file" in result.stderr
+
+
+def test_search_piped_into_rerank_scores_each_candidate_against_its_own_query(cli, st_model, corpus, tmp_path):
+    """`search ... -o - | rerank - --group-col query_id`: search's stdout fed to rerank's stdin."""
+    from typer.testing import CliRunner
+
+    from embedcli.cli import app
+
+    vectors = tmp_path / "v.parquet"
+    cli("embed", corpus / "docs.jsonl", "-m", st_model, "--keep-cols", "text", "-o", vectors, "-q")
+    queries = corpus / "queries.jsonl"
+    ranked = tmp_path / "ranked.jsonl"
+    searched = cli("search", vectors, "--queries", queries, "--top-k", 3, "--keep-cols", "text", "-m", st_model, "-q")
+    done = CliRunner().invoke(app, ["rerank", "-", "--queries", str(queries), "--group-col", "query_id", "-m", str(st_model),
+                                    "-q", "-o", str(ranked)], input=searched.stdout, env={"EMBEDCLI_DTYPE": "float32"})
+    assert done.exit_code == 0, done.stderr
+    got = _hits(ranked)
+    hits = {}
+    for line in searched.stdout.splitlines():
+        r = json.loads(line)
+        hits[(r["query_id"], r["id"])] = r["score"]
+    # each query ranks exactly its own 3 candidates; cosine with the same prompts gives search's own scores
+    assert sorted((r["query_id"], r["id"]) for r in got) == sorted(hits)
+    for r in got:
+        assert abs(r["score"] - hits[(r["query_id"], r["id"])]) < 1e-5
+    for qid, _ in QUERIES:
+        mine = [r for r in got if r["query_id"] == qid]
+        assert [r["rank"] for r in mine] == [1, 2, 3]
+        assert [r["score"] for r in mine] == sorted((r["score"] for r in mine), reverse=True)
+
+
+def test_rerank_refuses_candidates_of_an_unknown_query(cli, st_model, tmp_path):
+    cands = tmp_path / "c.jsonl"
+    cands.write_text('{"query_id": "q1", "id": "a", "text": "x"}\n{"query_id": "zz", "id": "b", "text": "y"}\n')
+    result = cli("rerank", cands, "--query", "hello", "--group-col", "query_id", "-m", st_model, "-o", tmp_path / "r.jsonl", code=1)
+    assert "query_id 'q1' is not the id of a query" in result.stderr and "Traceback" not in result.stderr
