@@ -670,7 +670,7 @@ def search(
     )
 
 
-@app.command(epilog="Example: [bold]embedcli download BAAI/bge-small-en-v1.5 --revision 5c38ec7c405ec4b44b94cc5a9bb96e735b38267a[/bold]")
+@app.command(epilog="Example: [bold]embedcli download BAAI/bge-small-en-v1.5 --revision COMMIT_SHA[/bold]")
 def download(
     model: str = typer.Argument(..., help="A Hub model id: org/model (or org/model@revision).", show_default=False),
     revision: str | None = typer.Option(
