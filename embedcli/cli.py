@@ -648,7 +648,9 @@ def search(
         "-", "-o", "--output", envvar=_env("output"), rich_help_panel=OUTPUT,
         help="Output path: .parquet or .jsonl; - (default) writes JSONL to stdout.",
     ),
-    output_format: str | None = OPT_OUT_FORMAT,
+    output_format: str | None = typer.Option(
+        None, "--output-format", envvar=_env("output-format"), rich_help_panel=OUTPUT, help="parquet or jsonl (default: from the extension).",
+    ),
     quiet: bool = OPT_QUIET,
 ) -> None:
     """Exact top-k search of a vectors file: query_id, rank, id, score and kept columns, best first.

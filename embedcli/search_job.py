@@ -179,7 +179,8 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) 
         raise UsageError(f"--rescore {opts.rescore_multiplier}: must be 0 (off) or more")
     if opts.block_rows < 1:
         raise UsageError(f"--block-rows {opts.block_rows}: must be 1 or more")
-    output_format(output.path, output.fmt)
+    if output_format(output.path, output.fmt) == "npy":
+        raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
     check_output_path(output.path)
     prov = VectorsProvenance.read(opts.vectors)
     import pyarrow.parquet as pq
