@@ -106,7 +106,11 @@ def download_model(repo_id: str, revision: str | None = None, *, allow_pickle: b
                 "arbitrary code. Pass --allow-pickle if you trust the source."
             )
         raise ModelConfigError(f"{repo_id}: no safetensors weights on the Hub (files: {', '.join(files[:8])})")
-    if not quiet:
+    if quiet:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    else:
         print(f"embedcli: downloading {repo_id}@{info.sha} ({len(chosen)} files) from {where}", file=sys.stderr)
     try:
         path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=chosen))
