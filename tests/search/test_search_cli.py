@@ -161,3 +161,26 @@ def test_rerank_refuses_candidates_of_an_unknown_query(cli, st_model, tmp_path):
     cands.write_text('{"query_id": "q1", "id": "a", "text": "x"}\n{"query_id": "zz", "id": "b", "text": "y"}\n')
     result = cli("rerank", cands, "--query", "hello", "--group-col", "query_id", "-m", st_model, "-o", tmp_path / "r.jsonl", code=1)
     assert "query_id 'q1' is not the id of a query" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_rescore_reranks_int8_candidates_with_the_float_query(cli, st, st_model, corpus, tmp_path):
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from embedcli.quantize import METADATA_KEY
+
+    vectors = tmp_path / "v.parquet"
+    cli("embed", corpus / "docs.jsonl", "-m", st_model, "--precision", "int8", "-o", vectors, "-q")
+    got = [json.loads(line) for line in cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", 2,
+                                             "--rescore", 2, "-m", st_model, "-q").stdout.splitlines()]
+    codes = _stored(vectors).astype(np.int64)
+    ranges = np.asarray(json.loads(pq.read_schema(vectors).metadata[METADATA_KEY.encode()])["ranges"], np.float64)
+    q = st.encode_query([t for _, t in QUERIES], convert_to_numpy=True).astype(np.float64)
+    coarse = quantize_embeddings(q.astype(np.float32), "int8", ranges=ranges.astype(np.float32)).astype(np.int64) @ codes.T
+    step = (ranges[1] - ranges[0]) / 255
+    fine = q @ ((codes + 128) * step + ranges[0]).T  # the recipe's dequantized candidates
+    for qi in range(len(QUERIES)):
+        candidates = sorted(range(len(DOCS)), key=lambda j: -coarse[qi, j])[:4]  # top-k x 2 by the codes
+        best = sorted(candidates, key=lambda j: -fine[qi, j])[:2]
+        mine = got[2 * qi : 2 * qi + 2]
+        assert [r["id"] for r in mine] == [str(100 + j) for j in best]
+        np.testing.assert_allclose([r["score"] for r in mine], fine[qi, best], rtol=1e-5)
