@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embedcli.compute.runner import DEFAULT_MAX_BATCH_TOKENS, LongInputError, Runner, RunnerOptions, prefetch
 from embedcli.pooling import PoolingConfigError
-from embedcli.runner import DEFAULT_MAX_BATCH_TOKENS, LongInputError, Runner, RunnerOptions, prefetch
 from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -38,6 +38,14 @@ def test_defaults(tiny_loaded) -> None:
     assert runner.max_batch_tokens == DEFAULT_MAX_BATCH_TOKENS["cpu"]
     assert runner.max_length == 64
     assert runner.params.task == "embed" and runner.params.use_activation is True
+
+
+def test_runners_are_engines_of_the_run_loop(tiny_loaded) -> None:
+    from embedcli.engines.ray_engine import RayRunner
+    from embedcli.run import Engine
+
+    runner = Runner(tiny_loaded("bert-st"))
+    assert isinstance(runner, Engine) and isinstance(RayRunner(runner, workers=2), Engine)
 
 
 def test_max_length_option_overrides_model(tiny_loaded) -> None:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedcli.errors import ModelConfigError
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
 
 DECODER_TYPES = frozenset(
@@ -35,10 +36,6 @@ _ST_TYPES = {
         "sentence_transformers.base.modules.transformer.Transformer",
     ),
 }
-
-
-class ModelConfigError(ValueError):
-    """A model folder embedcli cannot serve, with the file at fault and the fix."""
 
 
 @dataclass(frozen=True)

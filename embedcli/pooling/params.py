@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from embedcli.errors import PoolingConfigError
+
 PoolingTask = Literal["embed", "classify", "token_embed", "token_classify"]
 POOLING_TASKS: tuple[PoolingTask, ...] = get_args(PoolingTask)
 
@@ -27,10 +29,6 @@ _VALID_PARAMS: dict[str, tuple[str, ...]] = {
     "token_classify": ("use_activation",),
 }
 _STEP_PARAMS = ("step_tag_id", "returned_token_ids")
-
-
-class PoolingConfigError(ValueError):
-    """A pooling configuration or request that cannot be served."""
 
 
 def check_task(task: str) -> PoolingTask:

@@ -128,12 +128,12 @@ def test_int8_output_is_resumable_idempotent_and_refuses_to_mix(cli, corpus, tmp
     cli("embed", corpus, "-o", out, "-q", "--precision", "uint8", "--overwrite")
     assert pq.read_table(out).schema.field("embedding").type.value_type == "uint8"
     # a run that dies after the float32 spool was committed resumes from it (no forward pass left to do)
-    import embedcli.task_jobs
+    import embedcli.tasks.embed
 
     def die(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OSError("disk full")
 
-    monkeypatch.setattr(embedcli.task_jobs, "_quantize_spool", die)
+    monkeypatch.setattr(embedcli.tasks.embed, "_quantize_spool", die)
     cli("embed", corpus, "-o", tmp_path / "r.parquet", "-q", "--precision", "int8", code=1)
     monkeypatch.undo()
     spool = tmp_path / ("r.parquet" + ".embedcli-float32.parquet")

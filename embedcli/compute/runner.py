@@ -13,8 +13,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from embedcli.compute.prefill import run_long
+from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.loader import LoadedModel
-from embedcli.pooling import EmbeddingShape, PoolingConfigError, PoolingMetadata, PoolingParams
+from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 
 LongInputs = Literal["truncate", "error", "chunk"]
 TextInput = str | tuple[str, str]
@@ -23,21 +25,6 @@ TextInput = str | tuple[str, str]
 # in cache (16k is 15-20% slower); a GPU wants larger forwards to fill its cores (on an H200,
 # all-MiniLM-L6-v2 in bf16 ran 2.5x faster at 64k tokens than at 16k).
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 65536}
-
-
-class LongInputError(ValueError):
-    """An input longer than the model's max length under `--long-inputs error`."""
-
-    def __init__(self, index: int, length: int, max_length: int, where: str | None = None) -> None:
-        row = where or f"input row {index}"
-        super().__init__(
-            f"{row} has {length} tokens, more than the model's max length {max_length}; "
-            "use --long-inputs truncate or chunk, or shorten it"
-        )
-        self.where = where
-        self.index = index
-        self.length = length
-        self.max_length = max_length
 
 
 @dataclass
@@ -54,8 +41,23 @@ class RunnerOptions:
     prompt: str = ""
     normalize: bool | None = None
     dimensions: int | None = None
-    # Decoders: a sequence over max_batch_tokens runs in slices with a KV cache (embedcli.prefill).
+    # Decoders: a sequence over max_batch_tokens runs in slices with a KV cache (embedcli.compute.prefill).
     chunked_prefill: bool = True
+    # Token tasks: results carry each row's token ids too (`TokenRows`), for dropping special tokens.
+    with_token_ids: bool = False
+
+
+@dataclass
+class TokenRows:
+    """A token task's result for one batch: each row's token ids and its per-token matrix."""
+
+    ids: list[np.ndarray]
+    values: list[np.ndarray]
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenRows]) -> TokenRows:
+        """The rows of several batches' results, in order."""
+        return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values])
 
 
 @dataclass
@@ -208,6 +210,10 @@ class Runner:
             packs.append(np.asarray(current))
         return packs
 
+    def params_for(self, enc: Encoded, seq: int) -> PoolingParams:
+        """The pooling request of sequence `seq`: a chunk of an over-long row is pooled without the activation."""
+        return self._chunk_params if enc.chunked is not None and enc.chunked[seq] else self.params
+
     def _forward(self, enc: Encoded, members: np.ndarray) -> list[torch.Tensor]:
         seqs = [enc.ids[i] for i in members]
         lengths = [len(s) for s in seqs]
@@ -216,10 +222,7 @@ class Runner:
         if enc.type_ids is not None:
             types = torch.from_numpy(np.concatenate([enc.type_ids[i] for i in members]))
         hidden = self.model.forward_packed(flat, lengths, types)
-        if enc.chunked is None:
-            params = [self.params] * len(seqs)
-        else:
-            params = [self._chunk_params if enc.chunked[i] else self.params for i in members.tolist()]
+        params = [self.params_for(enc, i) for i in members.tolist()]
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu[1:])
         metadata = PoolingMetadata.from_cu_seqlens(
@@ -238,9 +241,12 @@ class Runner:
         over_budget = bool(enc.ids) and int(enc.lengths.max()) > self.max_batch_tokens
         if over_budget:
             # Decoders: chunked prefill in slices; encoders: each long sequence in a forward of its own.
-            from embedcli.prefill import run_long
-
-            run_long(self, enc, results)
+            run_long(
+                enc, results, model=self.model, pooler=self.pooler, budget=self.max_batch_tokens,
+                forward=lambda members: self._forward(enc, members), params_of=lambda i: self.params_for(enc, i),
+                stats=self.stats, with_token_ids=self.needs_token_ids,
+                sliceable=bool(self.model.spec.is_decoder) and self.options.chunked_prefill,
+            )
         for members in [] if over_budget else self._packs(enc.lengths):
             for i, out in zip(members.tolist(), self._forward(enc, members), strict=True):
                 results[i] = out
@@ -249,9 +255,10 @@ class Runner:
         self.stats.seconds["compute"] += time.perf_counter() - start
         return combined
 
-    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult:
+    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows:
         if self.params.task in ("token_embed", "token_classify"):
-            return [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
+            values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
+            return TokenRows(list(enc.ids), values) if self.options.with_token_ids else values
         if enc.num_rows == len(results):
             if not results:
                 width = self.params.dimensions or self.model.spec.embedding_size

@@ -34,7 +34,9 @@ The head (projector, Matryoshka slice, normalize / classifier) runs once, on the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -223,26 +225,36 @@ def pool_forward(
     return results
 
 
-def run_long(runner, enc, results: list[torch.Tensor | None]) -> None:  # type: ignore[no-untyped-def]
-    """Fill `results` for a tokenized batch with sequences over the runner's token budget.
+def run_long(
+    enc: Any,
+    results: list[torch.Tensor | None],
+    *,
+    model: Any,
+    pooler: Any,
+    budget: int,
+    forward: Callable[[np.ndarray], list[torch.Tensor]],
+    params_of: Callable[[int], PoolingParams],
+    stats: Any,
+    with_token_ids: bool,
+    sliceable: bool,
+) -> None:
+    """Fill `results` for a tokenized batch `enc` with sequences over the token `budget`.
 
-    Decoders (unless `RunnerOptions.chunked_prefill` is off) slice them; encoders run each alone.
+    `forward(members)` runs whole sequences packed (the runner's forward + pooler); `params_of(i)` is
+    sequence i's pooling request. Sliceable (decoder) sequences run in slices through `model` with a KV
+    cache and are pooled by `pooler`; otherwise each long sequence runs alone through `forward`.
     """
     lengths = enc.lengths
-    budget = runner.max_batch_tokens
-    sliceable = bool(runner.model.spec.is_decoder) and getattr(runner.options, "chunked_prefill", True)
     forwards, _, _ = plan_forwards(lengths, budget, sliceable)
     long_rows = np.unique(enc.owner[lengths > budget]).size
-    stats = runner.stats
     if sliceable:
-        stats.sliced_rows = getattr(stats, "sliced_rows", 0) + long_rows
+        stats.sliced_rows += long_rows
     else:
-        stats.solo_rows = getattr(stats, "solo_rows", 0) + long_rows
+        stats.solo_rows += long_rows
     states: dict[int, SliceState] = {}
     for fwd in forwards:
-        members = np.asarray(fwd.members, dtype=np.int64)
         if fwd.slice is None:
-            for i, out in zip(fwd.members, runner._forward(enc, members), strict=True):
+            for i, out in zip(fwd.members, forward(np.asarray(fwd.members, dtype=np.int64)), strict=True):
                 results[i] = out
             continue
         piece = fwd.slice
@@ -254,21 +266,15 @@ def run_long(runner, enc, results: list[torch.Tensor | None]) -> None:  # type: 
         seq_ids = [enc.ids[i] for i in fwd.members] + [enc.ids[piece.seq][piece.start : piece.end]]
         lens = [len(s) for s in seq_ids]
         flat = torch.from_numpy(np.concatenate(seq_ids))
-        hidden = forward_with_slice(runner.model, flat, lens[:-1], piece, state)
+        hidden = forward_with_slice(model, flat, lens[:-1], piece, state)
         order = [*fwd.members, piece.seq]
-        if enc.chunked is None:
-            params = [runner.params] * len(order)
-        else:
-            params = [runner._chunk_params if enc.chunked[i] else runner.params for i in order]
         cu = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(lens, out=cu[1:])
-        prompt_lens = [*lens[:-1], piece.total]
-        seq_lens = [*lens[:-1], piece.end]
         metadata = PoolingMetadata.from_cu_seqlens(
-            torch.from_numpy(cu), params, token_ids=flat if runner.needs_token_ids else None,
-            prompt_lens=prompt_lens, seq_lens=seq_lens,
+            torch.from_numpy(cu), [params_of(i) for i in order], token_ids=flat if with_token_ids else None,
+            prompt_lens=[*lens[:-1], piece.total], seq_lens=[*lens[:-1], piece.end],
         )
-        outs = pool_forward(runner.pooler, hidden, metadata, [*([None] * len(fwd.members)), state])
+        outs = pool_forward(pooler, hidden, metadata, [*([None] * len(fwd.members)), state])
         for i, out in zip(order, outs, strict=True):
             if out is not None:
                 results[i] = out
