@@ -6,7 +6,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -68,6 +68,19 @@ class RerankOptions(PairOptions):
     query_id_col: str | None = None
     top_n: int = 0
     return_documents: bool = False
+
+
+class QueryChoice(Protocol):
+    """Where a command's queries come from: `--query TEXT` or `--queries FILE` (and its columns)."""
+
+    @property
+    def query(self) -> str | None: ...
+    @property
+    def queries(self) -> str | None: ...
+    @property
+    def query_col(self) -> str: ...
+    @property
+    def query_id_col(self) -> str | None: ...
 
 
 def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
@@ -172,10 +185,10 @@ def run_score(
 
 
 # -- rerank --------------------------------------------------------------------------------------------
-def read_queries(opts: RerankOptions) -> list[tuple[str, str]]:
+def read_queries(opts: QueryChoice, command: str = "rerank") -> list[tuple[str, str]]:
     """(id, text) of `--query` or of every row of `--queries FILE`."""
     if (opts.query is None) == (opts.queries is None):
-        raise UsageError("rerank needs exactly one of --query TEXT or --queries FILE")
+        raise UsageError(f"{command} needs exactly one of --query TEXT or --queries FILE")
     if opts.query is not None:
         return [("query", opts.query)]
     out: list[tuple[str, str]] = []

@@ -5,6 +5,9 @@ Everything that decides the query vectors comes from the vectors file's own prov
 different one), its normalization, Matryoshka dimensions, max length, truncation, strip, dtype, and the
 stored precision with its int8/uint8 ranges. The query prompt is the model's `query` prompt where it has
 one (sentence-transformers' `encode_query`), else the prompt the corpus was embedded with.
+
+Not a `Job`: like `rerank`, the output is known only once the whole vectors file has been scanned, so there
+are no per-row results to stage, resume or shard; the output is written once, atomically.
 """
 
 from __future__ import annotations
@@ -13,17 +16,27 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from embedcli.jobs import EXIT_OK, ModelChoice, OutputOptions, UsageError
+from embedcli.compute.runner import RunnerOptions
+from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
+from embedcli.io.manifest import output_metadata
+from embedcli.io.writers import check_output_path, open_writer, output_format
+from embedcli.models.spec import ModelSpec, load_model_spec
+from embedcli.quantize import output_width
+from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks, take_rows
+from embedcli.tasks.common import ModelChoice, OutputOptions, build
+from embedcli.tasks.pairs import read_queries
 
 KEY_SEARCH = "embedcli.search"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchOptions:
     """`search` choices."""
 
@@ -54,11 +67,6 @@ class VectorsProvenance:
     @classmethod
     def read(cls, path: str) -> VectorsProvenance:
         """The provenance of an `embedcli embed` Parquet output; UsageError when it is not one."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from embedcli.io.manifest import output_metadata
-
         if os.path.isdir(path):
             raise UsageError(f"{path}: search reads one Parquet file; join a shard directory first (embedcli merge)")
         if not os.path.isfile(path):
@@ -89,11 +97,8 @@ class VectorsProvenance:
                    vec.list_size, schema.field("id"))
 
 
-def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> Any:
+def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> ModelSpec:
     """The spec of the model that made the vectors; UsageError when `-m` (or the stored name) is another."""
-    from embedcli.models.resolve import ModelNotFoundError
-    from embedcli.models.spec import load_model_spec
-
     name = choice.model or prov.model
     try:
         spec = load_model_spec(name, allow_pickle=choice.allow_pickle, trust_remote_code=choice.trust_remote_code)
@@ -115,41 +120,21 @@ def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> Any:
     return spec
 
 
-def query_prompt(spec: Any, corpus_prompt: str) -> str:
+def query_prompt(spec: ModelSpec, corpus_prompt: str) -> str:
     """The model's `query` prompt where it has one (as `encode_query`), else the corpus's prompt."""
     return dict(spec.prompts).get("query", corpus_prompt or "")
 
 
-def _read_queries(opts: SearchOptions) -> list[tuple[str, str]]:
-    from embedcli.io.errors import InputError
-    from embedcli.io.readers import read_inputs
-
-    if (opts.query is None) == (opts.queries is None):
-        raise UsageError("search needs exactly one of --query TEXT or --queries FILE")
-    if opts.query is not None:
-        return [("query", opts.query)]
-    out: list[tuple[str, str]] = []
-    for batch in read_inputs([opts.queries], text_col=opts.query_col, id_col=opts.query_id_col):  # type: ignore[list-item]
-        for loc, rid, text in zip(batch.locations, batch.ids, batch.texts, strict=True):
-            if text is None:
-                raise InputError(batch.source, "query text is null", location=loc, record_id=rid)
-            out.append((rid, text))
-    return out
-
-
-def embed_queries(prov: VectorsProvenance, spec: Any, choice: ModelChoice, texts: list[str]) -> tuple[np.ndarray, str]:
+def embed_queries(
+    prov: VectorsProvenance, spec: ModelSpec, choice: ModelChoice, texts: list[str]
+) -> tuple[np.ndarray, str]:
     """Float32 query vectors made with the corpus's settings, and the prompt used."""
-    from dataclasses import replace
-
-    from embedcli.jobs import load
-    from embedcli.runner import Runner, RunnerOptions
-
     cfg = prov.config
     dtype = choice.dtype if choice.dtype != "auto" else str(cfg.get("dtype") or "auto")
-    model = load(replace(choice, dtype=dtype, quantize=bool(cfg.get("quantize"))), spec)
     prompt = query_prompt(spec, str(cfg.get("prompt") or ""))
-    runner = Runner(
-        model,
+    runner = build(
+        spec,
+        replace(choice, dtype=dtype, quantize=bool(cfg.get("quantize"))),
         RunnerOptions(
             task="embed",
             max_length=cfg.get("max_length"),
@@ -166,12 +151,6 @@ def embed_queries(prov: VectorsProvenance, spec: Any, choice: ModelChoice, texts
 
 def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) -> int:
     """`embedcli search`: rows `query_id, rank, id, score` (+ kept columns), best first per query."""
-    import pyarrow as pa
-
-    from embedcli.io.writers import check_output_path, open_writer, output_format
-    from embedcli.quantize import output_width
-    from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks, take_rows
-
     started = time.perf_counter()
     if opts.top_k < 1:
         raise UsageError(f"--top-k {opts.top_k}: must be 1 or more")
@@ -183,13 +162,11 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) 
         raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
     check_output_path(output.path)
     prov = VectorsProvenance.read(opts.vectors)
-    import pyarrow.parquet as pq
-
     names = pq.read_schema(prov.path).names
     missing = [c for c in opts.keep_cols if c not in names]
     if missing:
         raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
-    queries = _read_queries(opts)
+    queries = read_queries(opts, "search")
     spec = _model_spec(prov, choice)
     vectors, prompt = embed_queries(prov, spec, choice, [t for _, t in queries])
     dim = vectors.shape[1]
