@@ -184,3 +184,10 @@ def test_rescore_reranks_int8_candidates_with_the_float_query(cli, st, st_model,
         mine = got[2 * qi : 2 * qi + 2]
         assert [r["id"] for r in mine] == [str(100 + j) for j in best]
         np.testing.assert_allclose([r["score"] for r in mine], fine[qi, best], rtol=1e-5)
+
+
+def test_rerank_refuses_a_candidate_without_a_query_id(cli, st_model, tmp_path):
+    cands = tmp_path / "c.jsonl"
+    cands.write_text('{"query_id": "query", "id": "a", "text": "x"}\n{"query_id": null, "id": "b", "text": "y"}\n')
+    result = cli("rerank", cands, "--query", "hello", "--group-col", "query_id", "-m", st_model, "-o", tmp_path / "r.jsonl", code=1)
+    assert "line 2 (id 'b'): text field 'query_id' is null" in result.stderr and "Traceback" not in result.stderr
