@@ -15,7 +15,7 @@ import posixpath
 import sys
 from pathlib import Path
 
-from embedcli.models.resolve import ModelNotFoundError
+from embedcli.errors import ModelConfigError, ModelNotFoundError
 
 UNUSED_PATTERNS: tuple[str, ...] = (
     "*.onnx", "*.onnx_data", "onnx/*", "openvino/*", "*.msgpack", "*.h5", "*.ot", "*.tflite", "*.gguf",
@@ -80,8 +80,6 @@ def download_model(repo_id: str, revision: str | None = None, *, allow_pickle: b
     from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
     from huggingface_hub.hf_api import RepoFile
-
-    from embedcli.models.spec import ModelConfigError
 
     if hub_disabled():
         raise ModelNotFoundError(f"{repo_id}: not in the local cache and HF_HUB_OFFLINE is set; unset it to download, "

@@ -216,7 +216,7 @@ def load_model_spec(
     trust_remote_code: bool = False,
     max_length: int | None = None,
 ) -> ModelSpec:
-    """Resolve `model` offline and read its configuration into a `ModelSpec`."""
+    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`."""
     folder = resolve_model_path(model, allow_pickle=allow_pickle)
     config_path = folder / "config.json"
     if not config_path.is_file():
