@@ -35,8 +35,8 @@ OPT_FORMAT = typer.Option(
 )
 OPT_MODEL = typer.Option(
     None, "-m", "--model", envvar=env("model"), rich_help_panel=MODEL,
-    help="Local model folder or model id resolved offline (hub cache or an installed package). "
-    "Default: sentence-transformers/all-MiniLM-L6-v2.",
+    help="Local model folder or Hub id (org/model[@revision]): a folder, the hub cache or an installed package "
+    "first; else downloaded (safetensors only) unless HF_HUB_OFFLINE is set. Default: sentence-transformers/all-MiniLM-L6-v2.",
 )
 OPT_DEVICE = typer.Option("auto", "--device", envvar=env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_DTYPE = typer.Option(

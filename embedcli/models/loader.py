@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +32,9 @@ from embedcli.pooling import (
 )
 from embedcli.pooling.activations import load_st_activation, st_classifier_activation
 
-# Nothing may download weights at run time: transformers and the hub client stay offline.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Nothing downloads here: transformers only ever gets a resolved local folder and `local_files_only=True`.
+# (The environment is left alone: `embedcli.models.resolve` downloads a Hub id before loading, unless the
+# user set HF_HUB_OFFLINE.)
 
 _TOKEN_TYPE_MODELS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -310,8 +310,8 @@ def load_model_spec(
     trust_remote_code: bool = False,
     max_length: int | None = None,
 ) -> ModelSpec:
-    """Resolve `model` offline and read its configuration into a `ModelSpec`."""
-    folder = resolve_model_path(model)
+    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`."""
+    folder = resolve_model_path(model, allow_pickle=allow_pickle)
     base = _read_base_config(folder, trust_remote_code)
     weights = _weights(folder, allow_pickle)
     mods = _read_modules(folder, base)
