@@ -1,0 +1,42 @@
+"""Cheap identities of input files, recorded in resume manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from embedcli.io.errors import STDIN, InputError
+
+_FINGERPRINT_CHUNK = 1 << 20
+
+
+def input_fingerprint(path: str) -> dict[str, Any]:
+    """Identify an input file cheaply for resume manifests: size, mtime_ns, sha256 of first/last 1 MiB."""
+    if path == STDIN:
+        raise InputError(
+            path,
+            "stdin cannot be fingerprinted, so a run reading it cannot resume",
+            fix="write the input to a file first",
+        )
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            head = hashlib.sha256(f.read(_FINGERPRINT_CHUNK)).hexdigest()
+            if st.st_size > _FINGERPRINT_CHUNK:
+                f.seek(st.st_size - _FINGERPRINT_CHUNK)
+                tail = hashlib.sha256(f.read(_FINGERPRINT_CHUNK)).hexdigest()
+            else:
+                tail = head
+    except FileNotFoundError:
+        raise InputError(path, "no such file", fix="check the path") from None
+    except OSError as e:
+        raise InputError(path, f"cannot read: {e.strerror or e}") from None
+    return {
+        "path": os.path.abspath(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "head_sha256": head,
+        "tail_sha256": tail,
+        "chunk_bytes": _FINGERPRINT_CHUNK,
+    }

@@ -1,0 +1,126 @@
+"""The Parquet reader: columns checked against the file's schema, read a batch of rows at a time."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedcli.io.errors import STDIN, InputError
+from embedcli.io.reader_base import (
+    BatchBuilder,
+    InputBatch,
+    ReadSpec,
+    missing_column,
+    one_line,
+)
+
+
+def _is_text_type(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_null(t)
+    )
+
+
+def _is_id_type(t: pa.DataType) -> bool:
+    base = t.value_type if pa.types.is_dictionary(t) else t
+    return (_is_text_type(t) and not pa.types.is_null(base)) or pa.types.is_integer(base)
+
+
+def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
+    return InputError(
+        path,
+        f"not a readable Parquet file{where}: {one_line(e)}",
+        fix="check the file is complete (truncated copy? still being written?) and really Parquet",
+    )
+
+
+def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
+    try:
+        source: Any = pa.BufferReader(sys.stdin.buffer.read()) if path == STDIN else path
+        pf = pq.ParquetFile(source)
+    except FileNotFoundError:
+        raise InputError(path, "no such file", fix="check the path") from None
+    except (pa.ArrowException, OSError) as e:
+        raise _not_parquet(path, e) from None
+    with pf:
+        schema = pf.schema_arrow
+        names = schema.names
+
+        def need(col: str, what: str, flag: str) -> None:
+            if col not in names:
+                raise missing_column(path, what, col, names, flag)
+
+        need(spec.text_col, "text", "--text-col")
+        for c in spec.extra_text_cols:
+            need(c, "text", None)
+        for c in spec.keep_cols:
+            need(c, "kept", "--keep-cols")
+        id_col: str | None = spec.id_col if (spec.id_explicit or spec.id_col in names) else None
+        if id_col is not None:
+            need(id_col, "id", "--id-col")
+            t = schema.field(id_col).type
+            if not _is_id_type(t):
+                raise InputError(path, f"id column {id_col!r} has type {t}; ids must be strings or integers")
+        for c in (spec.text_col, *spec.extra_text_cols):
+            t = schema.field(c).type
+            if not _is_text_type(t):
+                raise InputError(path, f"text column {c!r} has type {t}; expected a string column")
+
+        wanted = [spec.text_col, *spec.extra_text_cols, *spec.keep_cols, *([id_col] if id_col else [])]
+        columns = list(dict.fromkeys(wanted))
+        b = BatchBuilder(path, spec)
+        batches = pf.iter_batches(batch_size=spec.batch_rows, columns=columns)
+        row = 0
+        while True:
+            try:
+                rb = next(batches)
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError) as e:
+                raise _not_parquet(path, e, f" (reading rows from {row})") from None
+            n = rb.num_rows
+            rows = range(row, row + n)
+            row += n
+            locations = [f"row {i}" for i in rows]
+            texts = rb.column(spec.text_col).to_pylist()
+            kept = {c: rb.column(c).to_pylist() for c in spec.keep_cols}
+            extra = {c: rb.column(c).to_pylist() for c in spec.extra_text_cols}
+            if id_col is None:
+                ids = [f"{prefix}:{i}" for i in rows]
+            else:
+                ids = pc.cast(rb.column(id_col), pa.string()).to_pylist()
+                bad = [j for j, v in enumerate(ids) if not v]
+                if bad:
+                    for j in bad:
+                        what = "null" if ids[j] is None else "empty"
+                        spec.bad(
+                            InputError(
+                                path,
+                                f"id column {id_col!r} is {what}",
+                                location=locations[j],
+                                fix="give every record a unique id",
+                            )
+                        )
+                    keep = [j for j in range(n) if ids[j]]
+                    locations, ids, texts = (
+                        [locations[j] for j in keep],
+                        [ids[j] for j in keep],
+                        [texts[j] for j in keep],
+                    )
+                    kept = {c: [v[j] for j in keep] for c, v in kept.items()}
+                    extra = {c: [v[j] for j in keep] for c, v in extra.items()}
+            b.extend(locations, ids, texts, kept, extra)
+            yield from b.drain_full()
+        if len(b):
+            yield b.take()
+

@@ -1,0 +1,184 @@
+"""What every input reader shares: the batch type, the batch builder, byte-level helpers and row errors."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import sys
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from embedcli.io.errors import STDIN, InputError
+
+BOM = b"\xef\xbb\xbf"
+UTF8_FIX = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)"
+
+BadRowHandler = Callable[[InputError], None]
+
+
+@dataclass
+class InputBatch:
+    """Consecutive records of one input file, in file order, with their locations and ids."""
+
+    source: str
+    locations: list[str]
+    ids: list[str]
+    texts: list[str | None]
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    extra_texts: dict[str, list[str | None]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        """Return the number of records in the batch."""
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    text_col: str
+    id_col: str
+    id_explicit: bool
+    keep_cols: tuple[str, ...]
+    extra_text_cols: tuple[str, ...]
+    batch_rows: int
+    on_bad_row: BadRowHandler | None
+
+    def bad(self, err: InputError) -> None:
+        """Raise a row-level error, or hand it to `on_bad_row` (and let the caller skip the row)."""
+        if self.on_bad_row is None:
+            raise err
+        self.on_bad_row(err)
+
+
+class BatchBuilder:
+    """Accumulates records of one file and cuts them into batches of `batch_rows`."""
+
+    def __init__(self, source: str, spec: ReadSpec) -> None:
+        self.source = source
+        self.spec = spec
+        self.locations: list[str] = []
+        self.ids: list[str] = []
+        self.texts: list[str | None] = []
+        self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
+        self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(
+        self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any]
+    ) -> None:
+        self.locations.append(location)
+        self.ids.append(rid)
+        self.texts.append(text)
+        for col, value in zip(self.spec.keep_cols, kept, strict=True):
+            self.columns[col].append(value)
+        for col, value in zip(self.spec.extra_text_cols, extra, strict=True):
+            self.extra[col].append(value)
+
+    def extend(
+        self,
+        locations: list[str],
+        ids: list[str],
+        texts: list[str | None],
+        kept: dict[str, list[Any]],
+        extra: dict[str, list[Any]],
+    ) -> None:
+        self.locations += locations
+        self.ids += ids
+        self.texts += texts
+        for col in self.spec.keep_cols:
+            self.columns[col] += kept[col]
+        for col in self.spec.extra_text_cols:
+            self.extra[col] += extra[col]
+
+    def full(self) -> bool:
+        return len(self.ids) >= self.spec.batch_rows
+
+    def take(self, n: int | None = None) -> InputBatch:
+        """Remove and return the first `n` records (all when None) as a batch."""
+        n = len(self.ids) if n is None else n
+        batch = InputBatch(
+            source=self.source,
+            locations=self.locations[:n],
+            ids=self.ids[:n],
+            texts=self.texts[:n],
+            columns={c: v[:n] for c, v in self.columns.items()},
+            extra_texts={c: v[:n] for c, v in self.extra.items()},
+        )
+        del self.locations[:n], self.ids[:n], self.texts[:n]
+        for v in self.columns.values():
+            del v[:n]
+        for v in self.extra.values():
+            del v[:n]
+        return batch
+
+    def drain_full(self) -> Iterator[InputBatch]:
+        while len(self.ids) >= self.spec.batch_rows:
+            yield self.take(self.spec.batch_rows)
+
+# --------------------------------------------------------------------------------------------------
+# Byte-level helpers
+
+
+def open_binary(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    if path == STDIN:
+        return contextlib.nullcontext(sys.stdin.buffer)
+    try:
+        if path.lower().endswith(".gz"):
+            return gzip.open(path, "rb")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(path, "no such file", fix="check the path") from None
+    except OSError as e:
+        raise InputError(path, f"cannot open: {e.strerror or e}") from None
+
+
+def numbered_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed."""
+    lineno = 0
+    try:
+        for raw in f:
+            lineno += 1
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
+            yield lineno, raw
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(
+            path, f"cannot read the file: {one_line(e)}", location=f"line {lineno + 1}"
+        ) from None
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def utf8_error(path: str, lineno: int, e: UnicodeDecodeError, record_id: str | None = None) -> InputError:
+    return InputError(
+        path,
+        f"not valid UTF-8 (byte 0x{e.object[e.start]:02x} at byte {e.start + 1} of the line)",
+        location=f"line {lineno}",
+        record_id=record_id,
+        fix=UTF8_FIX,
+    )
+
+
+def missing_column(
+    path: str, what: str, col: str, existing: Sequence[str], flag: str | None, location: str | None = None
+) -> InputError:
+    noun = "field" if location else "column"
+    listing = ", ".join(repr(c) for c in existing) if existing else "(none)"
+    return InputError(
+        path,
+        f"no {what} {noun} {col!r}; the {noun}s are: {listing}",
+        location=location,
+        fix=f"pass {flag} with one of them" if flag else "name one of them",
+    )
+
+
+def type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
+
