@@ -468,7 +468,7 @@ class Pipeline:
 
     # -- staged ----------------------------------------------------------------------------------
     def _run_staged(self) -> int:
-        from embedcli.io.manifest import Manifest, StagingLock, output_metadata, staging_dir
+        from embedcli.io.manifest import Manifest, StagingLock, make_staging_dir, output_metadata, staging_dir
         from embedcli.io.shards import ShardStore, clear_dir, recover_dir, remove_tmp_files
 
         target, settings = self.target, self.settings
@@ -476,13 +476,7 @@ class Pipeline:
         self.root = root
         if target.mode == "dir":
             recover_dir(target.path, root)
-        created_root = not os.path.exists(root)
-        try:
-            os.makedirs(root, exist_ok=True)
-        except OSError as e:
-            from embedcli.io.manifest import output_error
-
-            raise output_error(target.path, e, resumable=False) from None
+        created_root = make_staging_dir(root, target.path)  # refuses a symlink planted at the staging path
         lock = StagingLock(root, target.path).acquire()
         created_manifest = False
         try:

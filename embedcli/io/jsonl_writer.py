@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +22,10 @@ from embedcli.io.commit import (
     fsync_parent,
     open_temp,
     stage_sidecar,
-    temp_path,
     unlink_quiet,
 )
 from embedcli.io.errors import STDIN
+from embedcli.io.sidecar import HashingFile, data_identity
 from embedcli.io.writer_base import ResultWriter
 
 _JSON_SEPARATORS = (",", ":")
@@ -112,11 +112,12 @@ class JsonlResultWriter(ResultWriter):
     def __init__(self, path: str, metadata: Mapping[str, Any] | None = None) -> None:
         super().__init__(path, metadata)
         self._tmp: str | None = None
-        self._f: IO[bytes] | None = None
+        self._meta_tmp: str | None = None
+        self._f: HashingFile | None = None
         if path != STDIN:
             check_output_path(path)
-            self._tmp = temp_path(path)
-            self._f = open_temp(path, self._tmp)
+            self._tmp, f = open_temp(path)
+            self._f = HashingFile(f)
 
     @property
     def sidecar_path(self) -> str | None:
@@ -138,16 +139,19 @@ class JsonlResultWriter(ResultWriter):
             sys.stdout.flush()
             return
         assert self._tmp is not None and self.sidecar_path is not None
-        close_synced(self._f)
+        close_synced(self._f.file)
         meta = {
             "format": "jsonl",
             "file": os.path.basename(self.path),
             "rows": self.rows_written,
             "metadata": self.metadata,
+            "data": data_identity(self._tmp, self._f.hexdigest()),
         }
-        meta_tmp = stage_sidecar(self.sidecar_path, meta)
-        os.replace(meta_tmp, self.sidecar_path)
-        os.replace(self._tmp, self.path)  # the data file last: its appearance is the commit
+        self._meta_tmp = stage_sidecar(self.sidecar_path, meta)
+        # The data first, then the sidecar that names its hash: a kill in between leaves a sidecar that
+        # does not match the data, never one that vouches for data it does not describe.
+        os.replace(self._tmp, self.path)
+        os.replace(self._meta_tmp, self.sidecar_path)
         fsync_parent(self.path)
 
     def _abort(self) -> None:
@@ -157,8 +161,7 @@ class JsonlResultWriter(ResultWriter):
             except OSError:
                 pass
             return
-        self._f.close()
+        self._f.file.close()
         unlink_quiet(self._tmp)
-        if self.sidecar_path:
-            unlink_quiet(temp_path(self.sidecar_path))
+        unlink_quiet(self._meta_tmp)
 

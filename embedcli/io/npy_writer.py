@@ -6,7 +6,7 @@ import json
 import os
 import struct
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -17,10 +17,10 @@ from embedcli.io.commit import (
     fsync_parent,
     open_temp,
     stage_sidecar,
-    temp_path,
     unlink_quiet,
 )
 from embedcli.io.errors import STDIN, OutputError
+from embedcli.io.sidecar import HashingFile, data_identity
 from embedcli.io.writer_base import ResultWriter
 
 _NPY_MAGIC = b"\x93NUMPY\x01\x00"
@@ -86,10 +86,11 @@ class NpyResultWriter(ResultWriter):
                 )
             self._dtype, self._dim = _vector_dtype(path, column, schema.field(column).type)
             self._has_ids = id_column in schema.names
-        self._tmp = temp_path(path)
-        self._ids_tmp = temp_path(self.ids_path)
-        self._ids_f: IO[bytes] | None = None
-        self._f = open_temp(path, self._tmp)
+        self._ids_tmp: str | None = None
+        self._meta_tmp: str | None = None
+        self._ids_f: HashingFile | None = None
+        self._tmp, f = open_temp(path)
+        self._f = HashingFile(f, skip=_NPY_HEADER_LEN)  # the header is not hashed: it is rewritten at commit
         self._f.write(b"\0" * _NPY_HEADER_LEN)  # the real header is written at commit, with the row count
 
     @property
@@ -122,22 +123,22 @@ class NpyResultWriter(ResultWriter):
             self._has_ids = self.id_column in table.column_names
         if self._has_ids:
             if self._ids_f is None:
-                self._ids_f = open_temp(self.path, self._ids_tmp)
+                self._open_ids()
+            assert self._ids_f is not None
             ids = table.column(self.id_column).to_pylist()
             self._ids_f.write(
                 "".join(json.dumps(str(i), ensure_ascii=False) + "\n" for i in ids).encode("utf-8")
             )
 
+    def _open_ids(self) -> None:
+        self._ids_tmp, f = open_temp(self.ids_path)
+        self._ids_f = HashingFile(f)
+
     def _commit(self) -> None:
         dtype = self._dtype if self._dtype is not None else np.dtype(np.float32)
-        self._f.seek(0)
-        self._f.write(_npy_header(dtype, (self.rows_written, self._dim)))
-        close_synced(self._f)
-        if self._has_ids:
-            if self._ids_f is None:
-                self._ids_f = open_temp(self.path, self._ids_tmp)
-            close_synced(self._ids_f)
-            os.replace(self._ids_tmp, self.ids_path)
+        self._f.file.seek(0)
+        self._f.file.write(_npy_header(dtype, (self.rows_written, self._dim)))
+        close_synced(self._f.file)
         meta = {
             "format": "npy",
             "file": os.path.basename(self.path),
@@ -147,17 +148,27 @@ class NpyResultWriter(ResultWriter):
             "column": self.column,
             "ids_file": os.path.basename(self.ids_path) if self._has_ids else None,
             "metadata": self.metadata,
+            "data": data_identity(self._tmp, self._f.hexdigest(), _NPY_HEADER_LEN),
         }
-        meta_tmp = stage_sidecar(self.sidecar_path, meta)
-        os.replace(meta_tmp, self.sidecar_path)
-        os.replace(self._tmp, self.path)  # the data file last: its appearance is the commit
+        if self._has_ids:
+            if self._ids_f is None:
+                self._open_ids()
+            assert self._ids_f is not None and self._ids_tmp is not None
+            close_synced(self._ids_f.file)
+            meta["ids"] = data_identity(self._ids_tmp, self._ids_f.hexdigest())
+        self._meta_tmp = stage_sidecar(self.sidecar_path, meta)
+        # Ids and data first, then the sidecar that names their hashes (see embedcli.io.sidecar).
+        if self._has_ids:
+            os.replace(self._ids_tmp, self.ids_path)
+        os.replace(self._tmp, self.path)
+        os.replace(self._meta_tmp, self.sidecar_path)
         fsync_parent(self.path)
 
     def _abort(self) -> None:
         for f in (self._f, self._ids_f):
             if f is not None:
-                f.close()
+                f.file.close()
         unlink_quiet(self._tmp)
         unlink_quiet(self._ids_tmp)
-        unlink_quiet(temp_path(self.sidecar_path))
+        unlink_quiet(self._meta_tmp)
 

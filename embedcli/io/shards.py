@@ -16,12 +16,13 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.commit import close_synced, create_temp
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
@@ -35,7 +36,6 @@ from embedcli.io.manifest import (
     iter_tmp_files,
     manifest_path,
     output_error,
-    tmp_name,
     write_atomic,
 )
 from embedcli.io.writers import dictionary_columns
@@ -121,6 +121,7 @@ class ShardStore:
         self.output = output
         self.schema: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
+        self._file: IO[bytes] | None = None
         self._tmp: str | None = None
         self._data_file: str | None = None
         self._rows = 0
@@ -147,7 +148,7 @@ class ShardStore:
                 continue
             for name in names:
                 path = os.path.join(directory, name)
-                if path in keep or os.path.isdir(path):
+                if path in keep or (os.path.isdir(path) and not os.path.islink(path)):
                     continue
                 _unlink(path)
                 removed.append(path)
@@ -183,10 +184,10 @@ class ShardStore:
         path = os.path.join(self.root, shard_name(number))
         try:
             if self._writer is None:
-                self._tmp = tmp_name(path)
+                self._tmp, self._file = create_temp(path)
                 schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
                 self._writer = pq.ParquetWriter(
-                    self._tmp, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
+                    self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
                 )
             self._writer.write_table(table)
         except OSError as e:
@@ -208,6 +209,9 @@ class ShardStore:
             with contextlib.suppress(Exception):
                 self._writer.close()
         self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         _unlink(self._tmp)
         self._tmp = None
         self._data_file = None
@@ -231,8 +235,10 @@ class ShardStore:
             if self._writer is not None:
                 writer, self._writer = self._writer, None
                 writer.close()
+            if self._file is not None:
+                file, self._file = self._file, None
+                close_synced(file)
             if self._tmp is not None:
-                _fsync_file(self._tmp)
                 os.replace(self._tmp, os.path.join(self.root, shard_name(number)))
                 self._tmp = None
                 self._data_file = shard_name(number)
@@ -357,12 +363,17 @@ def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: s
     if not manifest.indexed:
         return None
     files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
-    tmp = tmp_name(path)
-    schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
-    with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False) as writer:
-        for f in files:
-            writer.write_table(pq.read_table(f).replace_schema_metadata(None).cast(schema))
-    _fsync_file(tmp)
+    tmp, file = create_temp(path)
+    try:
+        schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
+        with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False) as writer:
+            for f in files:
+                writer.write_table(pq.read_table(f).replace_schema_metadata(None).cast(schema))
+        close_synced(file)
+    except BaseException:
+        file.close()
+        _unlink(tmp)
+        raise
     return tmp
 
 
@@ -454,13 +465,15 @@ def recover_dir(output_dir: str, root: str) -> None:
 
 
 def clear_dir(root: str) -> None:
-    """Empty a staging directory but keep it (the lock is held on its inode)."""
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            _unlink(path)
+    """Empty a staging directory but keep it (the lock is held on its inode); never through a symlink."""
+    if os.path.islink(root):
+        raise OutputError(root, "is a symbolic link; embedcli never empties a directory through one")
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)  # rmtree itself never follows links
+            else:
+                _unlink(entry.path)
 
 
 def remove_tmp_files(directory: str, stem: str) -> None:

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 
 from embedcli.io.commit import (
     check_output_path,
+    close_synced,
     fsync_parent,
-    fsync_path,
+    open_temp,
     os_error,
     temp_path,
     unlink_quiet,
@@ -109,12 +110,13 @@ class ParquetResultWriter(ResultWriter):
             )
         check_output_path(path)
         self.schema = _with_metadata(schema, self.metadata)
-        self._tmp = temp_path(path)
+        self._tmp, self._file = open_temp(path)
         try:
             self._writer = pq.ParquetWriter(
-                self._tmp, self.schema, compression=compression, use_dictionary=dictionary_columns(self.schema)
+                self._file, self.schema, compression=compression, use_dictionary=dictionary_columns(self.schema)
             )
         except OSError as e:
+            self._file.close()
             unlink_quiet(self._tmp)
             raise os_error(path, e) from None
 
@@ -123,7 +125,7 @@ class ParquetResultWriter(ResultWriter):
 
     def _commit(self) -> None:
         self._writer.close()
-        fsync_path(self._tmp)
+        close_synced(self._file)
         os.replace(self._tmp, self.path)
         fsync_parent(self.path)
 
@@ -132,6 +134,7 @@ class ParquetResultWriter(ResultWriter):
             self._writer.close()
         except Exception:  # the file is being thrown away
             pass
+        self._file.close()
         unlink_quiet(self._tmp)
 
 
