@@ -177,6 +177,10 @@ def inspect_output(path: str) -> dict[str, Any]:
         sidecar = read_json_file(f"{target}.meta.json") if fmt != "parquet" else None
         if sidecar and rows is not None and sidecar.get("rows") not in (None, rows):
             report["problems"].append(f"{rows} rows in the file, its sidecar says {sidecar.get('rows')}")
+        if sidecar:
+            from embedcli.io.sidecar import check_sidecar
+
+            report["problems"] += check_sidecar(target, sidecar, deep=True)  # the sidecar names these bytes
         index = target + INDEX_SUFFIX
         if os.path.isfile(index):
             report["index"] = _index_state(index, meta)
