@@ -104,21 +104,19 @@ class BatchSource:
 
     def fingerprints(self, paths: Sequence[str]) -> list[dict[str, Any]] | None:
         """Fingerprints of every input (None when one is stdin: such a run cannot resume)."""
-        from embedcli.io.readers import input_fingerprint
+        from embedcli.io.readers import input_fingerprints
 
-        if STDIN in paths:
-            return None
-        return [input_fingerprint(p) for p in paths]
+        return input_fingerprints(paths)  # None for stdin, a pipe or a FIFO: never read to fingerprint it
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
         """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""
         import pyarrow.parquet as pq
 
-        from embedcli.io.readers import detect_format
+        from embedcli.io.readers import detect_format, rereadable
 
         total = 0
         for p in paths:
-            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+            if not rereadable(p) or detect_format(p, self.inputs.fmt) != "parquet":
                 return None
             try:
                 total += pq.ParquetFile(p).metadata.num_rows
@@ -415,6 +413,8 @@ class Pipeline:
         if self.source is not None:
             paths = self.source.paths()
             fingerprints = self.source.fingerprints(paths)
+            if fingerprints is None and target.mode != "stdout":
+                self.note("an input is stdin, a pipe or a FIFO, read once: this run cannot resume if interrupted")
             options = self.source.options()
             self.total = self.source.total_rows(paths)
         self.paths = paths

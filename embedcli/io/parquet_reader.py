@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedcli.io.errors import STDIN, InputError
+from embedcli.io.fingerprint import rereadable
 from embedcli.io.reader_base import (
     BatchBuilder,
     InputBatch,
@@ -46,7 +47,13 @@ def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
 
 def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
     try:
-        source: Any = pa.BufferReader(sys.stdin.buffer.read()) if path == STDIN else path
+        if path == STDIN:
+            source: Any = pa.BufferReader(sys.stdin.buffer.read())
+        elif not rereadable(path):  # a pipe or FIFO: Parquet needs to seek, so read it once, whole
+            with open(path, "rb") as f:
+                source = pa.BufferReader(f.read())
+        else:
+            source = path
         pf = pq.ParquetFile(source)
     except FileNotFoundError:
         raise InputError(path, "no such file", fix="check the path") from None

@@ -10,7 +10,7 @@ from glob import glob
 
 from embedcli.io.delimited_reader import read_delimited
 from embedcli.io.errors import STDIN, InputError
-from embedcli.io.fingerprint import input_fingerprint
+from embedcli.io.fingerprint import input_fingerprint, input_fingerprints, rereadable
 from embedcli.io.jsonl_reader import read_jsonl
 from embedcli.io.parquet_reader import read_parquet
 from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec
@@ -22,8 +22,10 @@ __all__ = [
     "detect_format",
     "expand_paths",
     "input_fingerprint",
+    "input_fingerprints",
     "normalize_format",
     "read_inputs",
+    "rereadable",
 ]
 
 FORMATS: tuple[str, ...] = ("jsonl", "parquet", "csv", "tsv", "txt")
