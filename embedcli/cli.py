@@ -59,7 +59,7 @@ def _run(fn: Callable[[], int]) -> None:
         raise typer.Exit(EXIT_USAGE) from None
     except (InputError, OutputError) as e:
         typer.echo(f"embedcli: error: {e}", err=True)
-        raise typer.Exit(EXIT_FATAL) from None
+        raise typer.Exit(getattr(e, "exit_code", EXIT_FATAL)) from None  # OutputFormatError: 2
     except Exception as e:
         from embedcli.models.resolve import ModelNotFoundError
         from embedcli.models.spec import ModelConfigError

@@ -158,7 +158,7 @@ def inspect_output(path: str) -> dict[str, Any]:
         meta = report.get("metadata") or {}
     elif os.path.isfile(target):
         report["exists"] = True
-        fmt = output_format(target)
+        fmt = output_format(target, reading=True)
         report["format"] = fmt
         rows, columns, problem = _file_rows(target, fmt)
         if columns:

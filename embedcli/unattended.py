@@ -600,7 +600,7 @@ class Pipeline:
         if settings.previous is None and existing is None:
             self.note(f"--incremental: {path} has no embedcli metadata, computing every row")
             return None
-        if not os.path.isdir(path) and os.path.exists(path) and output_format(path, None) != "parquet":
+        if not os.path.isdir(path) and os.path.exists(path) and output_format(path, None, reading=True) != "parquet":
             self.note(f"--incremental carries rows over from Parquet outputs only; {path} is not: computing every row")
             return None
         meta = output_metadata(path) if os.path.exists(path) else None

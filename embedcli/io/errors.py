@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["STDIN", "InputError", "OutputError", "display_path"]
+__all__ = ["STDIN", "InputError", "OutputError", "OutputFormatError", "display_path"]
 
 STDIN = "-"
 """The path that means stdin (for inputs) or stdout (for outputs)."""
@@ -70,3 +70,9 @@ class OutputError(Exception):
         if self.fix:
             text += f" — fix: {self.fix}"
         return text
+
+
+class OutputFormatError(OutputError):
+    """An output name whose extension promises a format embedcli does not write (a usage error: exit 2)."""
+
+    exit_code = 2

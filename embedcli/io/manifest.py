@@ -303,7 +303,7 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
         return None
     from embedcli.io.writers import output_format
 
-    kind = output_format(path, fmt)
+    kind = output_format(path, fmt, reading=True)
     if kind == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -18,7 +18,7 @@ from embedcli.io.commit import (
     temp_path,
     unlink_quiet,
 )
-from embedcli.io.errors import STDIN, OutputError
+from embedcli.io.errors import STDIN, OutputError, OutputFormatError
 from embedcli.io.jsonl_writer import JsonlResultWriter, table_to_json_lines
 from embedcli.io.npy_writer import NpyResultWriter
 from embedcli.io.vectors import embedding_array, embedding_matrix, embedding_type
@@ -142,8 +142,13 @@ class ParquetResultWriter(ResultWriter):
 # Choosing a writer
 
 
-def output_format(path: str, fmt: str | None = None) -> str:
-    """Return the output format for `path`: `fmt` if given, else by extension (unknown → parquet; `-` → jsonl)."""
+def output_format(path: str, fmt: str | None = None, *, reading: bool = False) -> str:
+    """Return the output format for `path`: `fmt` if given, else by extension (none → parquet; `-` → jsonl).
+
+    Any other extension (`.json`, `.csv`, `.txt`, ...) is refused (OutputFormatError, exit 2) rather than
+    given Parquet bytes under a name that promises another format. `reading=True` (an existing output,
+    e.g. for inspect or --previous) takes an unknown extension as Parquet instead.
+    """
     if fmt is not None:
         name = fmt.strip().lower().lstrip(".")
         name = _OUT_ALIASES.get(name, name)
@@ -158,7 +163,18 @@ def output_format(path: str, fmt: str | None = None) -> str:
         return name
     if path == STDIN:
         return "jsonl"
-    return _OUT_EXTENSIONS.get(os.path.splitext(path)[1].lower(), "parquet")
+    ext = os.path.splitext(path)[1].lower()
+    if not ext:
+        return "parquet"
+    if ext not in _OUT_EXTENSIONS:
+        if reading:
+            return "parquet"
+        raise OutputFormatError(
+            path,
+            f"embedcli cannot write {ext!r} files",
+            fix=f"name it {', '.join(sorted(_OUT_EXTENSIONS))}, or pass --output-format {{{','.join(OUTPUT_FORMATS)}}}",
+        )
+    return _OUT_EXTENSIONS[ext]
 
 
 def open_writer(

@@ -265,7 +265,10 @@ def test_permission_denied_reported_before_any_write(tmp_path: Path, monkeypatch
 
 def test_output_format_choice() -> None:
     assert output_format("a.parquet") == "parquet"
-    assert output_format("a.out") == "parquet"  # unknown extension: the default
+    assert output_format("a") == "parquet"  # no extension: the default
+    assert output_format("a.out", reading=True) == "parquet"  # an existing output of unknown kind
+    with pytest.raises(OutputError, match=r"cannot write '\.out' files"):
+        output_format("a.out")  # never Parquet bytes under a name that promises another format
     assert output_format("a.NDJSON") == "jsonl"
     assert output_format("a.npy") == "npy"
     assert output_format("a.bin", "npy") == "npy"
