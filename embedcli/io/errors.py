@@ -4,15 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["STDIN", "InputError", "OutputError", "OutputFormatError", "display_path"]
+__all__ = ["STDIN", "InputError", "OutputError", "OutputFormatError", "display_path", "printable"]
 
 STDIN = "-"
 """The path that means stdin (for inputs) or stdout (for outputs)."""
 
 
+def printable(text: str) -> str:
+    """`text` as valid UTF-8: undecodable file-name bytes as `\\xff`, lone surrogates as `\\udc00`."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:  # a non-UTF-8 file name, decoded by Python with surrogateescape
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def display_path(path: str, stream: str = "stdin") -> str:
-    """Return the path as shown to users (`-` becomes `<stdin>` or `<stdout>`)."""
-    return f"<{stream}>" if path == STDIN else path
+    """Return the path as shown to users (`-` becomes `<stdin>` or `<stdout>`), always valid UTF-8."""
+    return f"<{stream}>" if path == STDIN else printable(path)
 
 
 class InputError(Exception):
@@ -28,11 +41,11 @@ class InputError(Exception):
         fix: str | None = None,
     ) -> None:
         self.path = path
-        self.reason = reason
+        self.reason = printable(reason)
         self.location = location
-        self.record_id = record_id
-        self.fix = fix
-        super().__init__(path, reason, location, record_id, fix)
+        self.record_id = None if record_id is None else printable(record_id)
+        self.fix = None if fix is None else printable(fix)
+        super().__init__(path, self.reason, location, self.record_id, self.fix)
 
     def __str__(self) -> str:
         where = display_path(self.path)
@@ -61,9 +74,9 @@ class OutputError(Exception):
 
     def __init__(self, path: str, reason: str, *, fix: str | None = None) -> None:
         self.path = path
-        self.reason = reason
-        self.fix = fix
-        super().__init__(path, reason, fix)
+        self.reason = printable(reason)
+        self.fix = None if fix is None else printable(fix)
+        super().__init__(path, self.reason, self.fix)
 
     def __str__(self) -> str:
         text = f"cannot write {display_path(self.path, 'stdout')}: {self.reason}"
