@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any
 
+from embedcli.io.commit import arrow_source
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -61,7 +62,7 @@ def _file_rows(path: str, fmt: str) -> tuple[int | None, list[str], str | None]:
         import pyarrow.parquet as pq
 
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(arrow_source(path))
         except (pa.ArrowException, OSError) as e:
             return None, [], f"not a readable Parquet file: {e}"
         return pf.metadata.num_rows, pf.schema_arrow.names, None
@@ -110,7 +111,7 @@ def _inspect_dir(path: str, report: dict[str, Any]) -> None:
             continue
         f = os.path.join(path, s.file)
         try:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(arrow_source(f))
         except FileNotFoundError:
             report["problems"].append(f"shard {s.file} is missing")
             continue
@@ -223,7 +224,7 @@ def _index_state(index: str, meta: dict[str, str]) -> str:
     import pyarrow.parquet as pq
 
     try:
-        tag = (pq.read_schema(index).metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
+        tag = (pq.read_schema(arrow_source(index)).metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
     except (pa.ArrowException, OSError):
         return "unreadable"
     return "valid" if tag and tag == meta.get(KEY_OUTPUT) else "stale (ignored by --incremental)"

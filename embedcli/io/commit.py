@@ -171,7 +171,17 @@ def stage_sidecar(path: str, payload: dict[str, Any]) -> str:
     """Write a JSON sidecar to a fresh temp file (fsynced) and return its path, to be renamed onto `path`."""
     tmp, f = create_temp(path)
     with f:
-        f.write(json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+        # ASCII escapes: a non-UTF-8 file name (surrogate-escaped by Python) still makes valid JSON.
+        f.write(json.dumps(payload, indent=2, sort_keys=True).encode("ascii") + b"\n")
         f.flush()
         os.fsync(f.fileno())
     return tmp
+
+
+def arrow_source(path: str) -> Any:
+    """`path` as pyarrow can open it: pyarrow takes only UTF-8 names, so a non-UTF-8 one is opened here."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return open(path, "rb")  # closed by pyarrow's reader (or when it is collected)
+    return path

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, fsync_parent, write_atomic
+from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, write_atomic
 from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
 from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
 from embedcli.io.errors import OutputError
@@ -138,7 +138,8 @@ def tmp_name(path: str) -> str:
 
 def write_json_atomic(path: str, payload: Any) -> None:
     """JSON (indented, sorted keys) written with `write_atomic`."""
-    write_atomic(path, json.dumps(payload, indent=1, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+    # ASCII escapes: input paths that are not UTF-8 (surrogate-escaped by Python) round-trip exactly.
+    write_atomic(path, json.dumps(payload, indent=1, sort_keys=True).encode("ascii") + b"\n")
 
 
 def output_error(path: str, e: OSError, resumable: bool = True) -> OutputError:
@@ -309,7 +310,7 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
         import pyarrow.parquet as pq
 
         try:
-            raw = pq.read_schema(path).metadata or {}
+            raw = pq.read_schema(arrow_source(path)).metadata or {}
         except (pa.ArrowException, OSError):
             return None
         meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}

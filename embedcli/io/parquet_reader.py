@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedcli.io.commit import arrow_source
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.fingerprint import rereadable
 from embedcli.io.reader_base import (
@@ -53,7 +54,7 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
             with open(path, "rb") as f:
                 source = pa.BufferReader(f.read())
         else:
-            source = path
+            source = arrow_source(path)
         pf = pq.ParquetFile(source)
     except FileNotFoundError:
         raise InputError(path, "no such file", fix="check the path") from None

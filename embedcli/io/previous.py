@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.commit import arrow_source
 from embedcli.io.errors import InputError
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
@@ -88,18 +89,18 @@ class PreviousOutput:
                 if not s.file:
                     continue
                 f = os.path.join(path, s.file)
-                md = pq.ParquetFile(f).metadata
-                schema = schema or pq.read_schema(f)
+                md = pq.ParquetFile(arrow_source(f)).metadata
+                schema = schema or pq.read_schema(arrow_source(f))
                 segments += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
             keys = None
             if manifest.indexed:
                 files = [os.path.join(path, s.index) for s in manifest.shards if s.index]
-                keys = np.concatenate([keys_numpy(pq.read_table(f).column("key")) for f in files]) if files else None
+                keys = np.concatenate([keys_numpy(pq.read_table(arrow_source(f)).column("key")) for f in files]) if files else None
             if schema is None:
                 return cls(path, meta, [], pa.schema([]), np.zeros(0, f"S{KEY_WIDTH}"))
             return cls(path, meta, segments, schema, keys)
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(arrow_source(path))
         except (pa.ArrowException, OSError) as e:
             raise InputError(
                 path, f"the previous output is not a readable Parquet file: {e}", fix="drop --incremental"
@@ -110,7 +111,7 @@ class PreviousOutput:
         sidecar = path + INDEX_SUFFIX
         if os.path.isfile(sidecar):
             try:
-                index = pq.read_table(sidecar)
+                index = pq.read_table(arrow_source(sidecar))
                 tag = (index.schema.metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
                 if tag and tag == meta.get(KEY_OUTPUT):
                     keys = keys_numpy(index.column("key"))
@@ -143,7 +144,7 @@ class PreviousOutput:
         path = self._files[seg]
         pf = self._files_open.get(path)
         if pf is None:
-            pf = self._files_open[path] = pq.ParquetFile(path)
+            pf = self._files_open[path] = pq.ParquetFile(arrow_source(path))
         table = pf.read_row_group(self._groups[seg], columns=list(columns))
         self._cache[key] = table
         if len(self._cache) > 4:

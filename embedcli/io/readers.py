@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from glob import glob
 
 from embedcli.io.delimited_reader import read_delimited
-from embedcli.io.errors import STDIN, InputError
+from embedcli.io.errors import STDIN, InputError, printable
 from embedcli.io.fingerprint import input_fingerprint, input_fingerprints, rereadable
 from embedcli.io.jsonl_reader import read_jsonl
 from embedcli.io.parquet_reader import read_parquet
@@ -109,7 +109,8 @@ def _id_prefixes(paths: Sequence[str]) -> dict[str, str]:
     """Prefix of default ids per file: the basename, or the path when basenames collide across inputs."""
     bases = {p: ("stdin" if p == STDIN else os.path.basename(p)) for p in paths}
     counts = Counter(bases.values())
-    return {p: (b if counts[b] == 1 or p == STDIN else os.path.normpath(p)) for p, b in bases.items()}
+    # printable: an id is text in the output, so a non-UTF-8 file name shows its bytes as \xNN there.
+    return {p: printable(b if counts[b] == 1 or p == STDIN else os.path.normpath(p)) for p, b in bases.items()}
 
 
 # --------------------------------------------------------------------------------------------------

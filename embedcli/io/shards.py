@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.commit import close_synced, create_temp
+from embedcli.io.commit import arrow_source, close_synced, create_temp
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
@@ -130,7 +130,7 @@ class ShardStore:
         os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
         first = next((s for s in manifest.shards if s.file), None)
         if first is not None:
-            self.schema = pq.read_schema(os.path.join(root, first.file)).remove_metadata()
+            self.schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
 
     # -- housekeeping ----------------------------------------------------------------------------
     def clean_stale(self) -> list[str]:
@@ -321,7 +321,7 @@ def _rechunked(files: Sequence[str], schema: pa.Schema, rows: int) -> Iterator[p
     buffer: list[pa.Table] = []
     count = 0
     for path in files:
-        with pq.ParquetFile(path) as pf:
+        with pq.ParquetFile(arrow_source(path)) as pf:
             for rb in pf.iter_batches(batch_size=rows):
                 t = pa.Table.from_batches([rb])
                 if not t.schema.equals(schema, check_metadata=False):
@@ -343,7 +343,7 @@ def index_digest(config_key: str, index_files: Sequence[str]) -> tuple[str, int]
     h = hashlib.sha256(config_key.encode())
     n = 0
     for path in index_files:
-        keys = keys_numpy(pq.read_table(path).column("key"))
+        keys = keys_numpy(pq.read_table(arrow_source(path)).column("key"))
         h.update(keys.tobytes())
         n += len(keys)
     return h.hexdigest()[:32], n
@@ -368,7 +368,7 @@ def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: s
         schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
         with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False) as writer:
             for f in files:
-                writer.write_table(pq.read_table(f).replace_schema_metadata(None).cast(schema))
+                writer.write_table(pq.read_table(arrow_source(f)).replace_schema_metadata(None).cast(schema))
         close_synced(file)
     except BaseException:
         file.close()
@@ -392,7 +392,7 @@ def assemble_file(
     from embedcli.io.writers import ResultWriter, open_writer
 
     files = [os.path.join(root, s.file) for s in manifest.shards if s.file]
-    schema = pq.read_schema(files[0]).remove_metadata() if files else empty_schema.remove_metadata()
+    schema = pq.read_schema(arrow_source(files[0])).remove_metadata() if files else empty_schema.remove_metadata()
     output_key = output_key_for(root, manifest)
     final_meta = {**meta, KEY_OUTPUT: output_key, KEY_COMPLETE: "true"}
     sidecar = os.path.abspath(output) + INDEX_SUFFIX

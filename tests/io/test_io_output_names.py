@@ -27,3 +27,27 @@ def test_output_format_flag_writes_that_format_under_any_name(cli, st_model: Pat
     out = tmp_path / "vectors.json"
     cli("embed", _corpus(tmp_path), "-m", st_model, "-o", out, "--output-format", "jsonl", "-q")
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["d0", "d1", "d2"]
+
+
+@pytest.mark.parametrize("ext", [b".parquet", b".npy"])
+def test_non_utf8_input_and_output_names(st_model: Path, tmp_path: Path, ext: bytes) -> None:
+    """Issue 13, item 13: file names that are not UTF-8 never crash (UnicodeEncodeError) any step."""
+    import os
+    import subprocess
+    import sys
+
+    d = os.fsencode(tmp_path)
+    with open(d + b"/caf\xe9.jsonl", "wb") as f:
+        f.write(b'{"id": "a", "text": "hello"}\n')
+    with open(d + b"/noid\xe9.jsonl", "wb") as f:
+        f.write(b'{"text": "no id: the id is file:line"}\n')
+    out = d + b"/out\xe9" + ext
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBEDCLI_DTYPE": "float32", "HF_HUB_OFFLINE": "1"}
+    embed = [sys.executable.encode(), b"-m", b"embedcli", b"embed", d + b"/caf\xe9.jsonl", d + b"/noid\xe9.jsonl",
+             b"-m", os.fsencode(st_model), b"-o", out, b"--stats", d + b"/s\xe9.json"]
+    r = subprocess.run(embed, capture_output=True, env=env, timeout=120, check=False)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")
+    assert os.path.isfile(out)
+    check = [sys.executable.encode(), b"-m", b"embedcli", b"inspect", out, b"--check"]
+    r = subprocess.run(check, capture_output=True, env=env, timeout=120, check=False)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, (r.stdout + r.stderr).decode(errors="replace")
