@@ -90,12 +90,25 @@ def check_output_path(path: str) -> None:
     if not os.path.isdir(parent):
         raise OutputError(path, f"{parent!r} is not a directory")
     check_name_length(path)
+    if _read_only(parent):
+        raise OutputError(
+            path,
+            f"read-only filesystem: cannot create files in {parent!r}",
+            fix="choose a location on a writable filesystem",
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(
             path,
             f"permission denied: cannot create files in {parent!r}",
             fix="choose a directory you can write to",
         )
+
+
+def _read_only(directory: str) -> bool:
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def shards_dir_output(path: str) -> bool:
@@ -161,6 +174,11 @@ def write_atomic(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        unlink_quiet(tmp)
+        if e.filename is None:  # a full disk on write/fsync names no file: name the one being written
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
     except BaseException:
         unlink_quiet(tmp)
         raise

@@ -146,6 +146,8 @@ def output_error(path: str, e: OSError, resumable: bool = True) -> OutputError:
     """An OutputError for an OSError while writing, saying how to resume (full disk gets its own fix)."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = "free some space and rerun the same command: committed work is kept and the run resumes"
+    elif e.errno == errno.EROFS:
+        fix = "choose a location on a writable filesystem"
     elif isinstance(e, PermissionError):
         fix = "choose a directory you can write to"
     else:
