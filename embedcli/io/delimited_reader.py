@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from embedcli.io.errors import InputError
 from embedcli.io.reader_base import (
+    MAX_TEXT_CHARS,
     BatchBuilder,
     InputBatch,
     ReadSpec,
@@ -19,8 +20,8 @@ from embedcli.io.reader_base import (
 
 MAX_RECORD_LINES = 1000
 """A quoted CSV field may run over at most this many lines; longer, it is an unclosed quote (a bad row)."""
-MAX_FIELD_CHARS = 1 << 26
-"""The longest field read (64 Mi characters); longer, it is a runaway quoted field (a bad row)."""
+MAX_FIELD_CHARS = MAX_TEXT_CHARS
+"""The longest field read; longer, it is a runaway quoted field (a bad row)."""
 
 SWALLOW_MIN = 10
 """A multi-line field over at least this many lines that read as rows is a runaway quote (a bad row)."""

@@ -15,6 +15,9 @@ from embedcli.io.errors import STDIN, InputError
 BOM = b"\xef\xbb\xbf"
 UTF8_FIX = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)"
 
+MAX_TEXT_CHARS = 1 << 26
+"""The longest text read (64 Mi characters); past it a record is a bad row (truncation keeps far less)."""
+
 BadRowHandler = Callable[[InputError], None]
 
 
@@ -66,9 +69,27 @@ class BatchBuilder:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def too_long(self, location: str, rid: str, texts: Sequence[Any]) -> bool:
+        """Report the record as a bad row when a text of it is past MAX_TEXT_CHARS."""
+        size = max((len(t) for t in texts if isinstance(t, str)), default=0)
+        if size <= MAX_TEXT_CHARS:
+            return False
+        self.spec.bad(
+            InputError(
+                self.source,
+                f"a text of {size:,} characters, past the {MAX_TEXT_CHARS:,} embedcli reads",
+                location=location,
+                record_id=rid,
+                fix="split the document into parts",
+            )
+        )
+        return True
+
     def add(
         self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any]
     ) -> None:
+        if self.too_long(location, rid, [text, *extra]):
+            return
         self.locations.append(location)
         self.ids.append(rid)
         self.texts.append(text)
@@ -85,6 +106,12 @@ class BatchBuilder:
         kept: dict[str, list[Any]],
         extra: dict[str, list[Any]],
     ) -> None:
+        longest = max((len(t) for col in (texts, *extra.values()) for t in col if isinstance(t, str)), default=0)
+        if longest > MAX_TEXT_CHARS:  # rare: fall back to one record at a time
+            for j, loc in enumerate(locations):
+                self.add(loc, ids[j], texts[j], [kept[c][j] for c in self.spec.keep_cols],
+                         [extra[c][j] for c in self.spec.extra_text_cols])
+            return
         self.locations += locations
         self.ids += ids
         self.texts += texts

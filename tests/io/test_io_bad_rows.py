@@ -82,3 +82,18 @@ def test_lone_surrogates_and_deep_nesting_are_bad_rows(cli, st_model: Path, tmp_
     assert ids == ["a", "d", "f"]
     assert [e["location"] for e in bad] == ["line 2", "line 3", "line 5"]
     assert "surrogate" in bad[0]["reason"] and "nested too deeply" in bad[2]["reason"]
+
+
+# -- item 11: an absolute size limit ------------------------------------------------------------------
+
+
+def test_text_past_the_absolute_size_limit_is_a_bad_row(cli, st_model: Path, tmp_path: Path) -> None:
+    from embedcli.io.reader_base import MAX_TEXT_CHARS
+
+    src = tmp_path / "corpus.jsonl"
+    with src.open("w", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "ok", "text": "fine"}) + "\n")
+        f.write('{"id": "huge", "text": "' + "x" * (MAX_TEXT_CHARS + 1) + '"}\n')
+    ids, bad = _skip_run(cli, st_model, src, tmp_path)
+    assert ids == ["ok"]
+    assert [(e["location"], e["id"]) for e in bad] == [("line 2", "huge")] and "past the" in bad[0]["reason"]
