@@ -169,14 +169,10 @@ def read_batches(inputs: InputOptions, extra_text_cols: Sequence[str] = ()) -> I
 
 def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
     """The `--keep-cols` columns of a batch as Arrow arrays."""
-    import pyarrow as pa
+    from embedcli.io.reader_base import kept_arrays
 
-    out = {}
-    for name in names:
-        arr = pa.array(batch.columns[name])
-        # An all-null first batch would fix the column's type to null for the whole file.
-        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
-    return out
+    # typed by the reader: a Parquet input's own types, JSONL's first seen (mixed types are bad rows)
+    return kept_arrays(batch.columns, names, getattr(batch, "column_types", None))
 
 
 def run_rows(

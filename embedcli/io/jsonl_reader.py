@@ -118,7 +118,7 @@ def _any_record_has(path: str, key: str) -> bool:
 
 def read_jsonl(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
     """JSON Lines; ids from the id field when any record of the file has one, else `file:line`."""
-    b = BatchBuilder(path, spec)
+    b = BatchBuilder(path, spec, infer_types=True)
     id_key: str | None = None  # decided per file: spec.id_col when any record has it, else default ids
     first = True
     with open_binary(path) as f:

@@ -73,6 +73,7 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
             need(c, "text", None)
         for c in spec.keep_cols:
             need(c, "kept", "--keep-cols")
+            _fix_kept_type(path, spec, c, schema.field(c).type)
         id_col: str | None = spec.id_col if (spec.id_explicit or spec.id_col in names) else None
         if id_col is not None:
             need(id_col, "id", "--id-col")
@@ -132,3 +133,14 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
         if len(b):
             yield b.take()
 
+
+def _fix_kept_type(path: str, spec: ReadSpec, col: str, t: pa.DataType) -> None:
+    """A kept column takes the Parquet file's own type (never re-guessed from values batch by batch)."""
+    known = spec.kept_types.get(col)
+    if known is not None and not known.equals(t):
+        raise InputError(
+            path,
+            f"kept column {col!r} is {t} here, but {known} in an earlier input",
+            fix="give the column one type in every input, or keep it from one of them only",
+        )
+    spec.kept_types[col] = t

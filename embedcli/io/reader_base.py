@@ -6,9 +6,11 @@ import contextlib
 import gzip
 import sys
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+import pyarrow as pa
 
 from embedcli.io.errors import STDIN, InputError
 
@@ -31,10 +33,27 @@ class InputBatch:
     texts: list[str | None]
     columns: dict[str, list[Any]] = field(default_factory=dict)
     extra_texts: dict[str, list[str | None]] = field(default_factory=dict)
+    column_types: dict[str, pa.DataType] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """Return the number of records in the batch."""
         return len(self.ids)
+
+    def kept_arrays(self, names: Sequence[str]) -> dict[str, pa.Array]:
+        """The kept columns as Arrow arrays of the run's type (a Parquet input's own, else the first seen)."""
+        return kept_arrays(self.columns, names, self.column_types)
+
+
+def kept_arrays(
+    columns: Mapping[str, Sequence[Any]], names: Sequence[str], types: Mapping[str, pa.DataType] | None = None
+) -> dict[str, pa.Array]:
+    """Kept column values as Arrow arrays, of the given types where known (else inferred)."""
+    out = {}
+    for name in names:
+        arr = pa.array(columns[name], type=(types or {}).get(name))
+        # A column null so far would fix its type to null for the whole output.
+        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
+    return out
 
 
 @dataclass(frozen=True)
@@ -46,6 +65,7 @@ class ReadSpec:
     extra_text_cols: tuple[str, ...]
     batch_rows: int
     on_bad_row: BadRowHandler | None
+    kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
 
     def bad(self, err: InputError) -> None:
         """Raise a row-level error, or hand it to `on_bad_row` (and let the caller skip the row)."""
@@ -57,9 +77,10 @@ class ReadSpec:
 class BatchBuilder:
     """Accumulates records of one file and cuts them into batches of `batch_rows`."""
 
-    def __init__(self, source: str, spec: ReadSpec) -> None:
+    def __init__(self, source: str, spec: ReadSpec, infer_types: bool = False) -> None:
         self.source = source
         self.spec = spec
+        self.infer_types = infer_types  # JSON values: the first typed batch fixes each kept column's type
         self.locations: list[str] = []
         self.ids: list[str] = []
         self.texts: list[str | None] = []
@@ -139,7 +160,51 @@ class BatchBuilder:
             del v[:n]
         for v in self.extra.values():
             del v[:n]
+        if self.infer_types and self.spec.keep_cols:
+            batch = self._typed(batch)
+        batch.column_types = {c: t for c in self.spec.keep_cols if (t := self.spec.kept_types.get(c)) is not None}
         return batch
+
+    def _typed(self, batch: InputBatch) -> InputBatch:
+        """Check kept values against the run's column types (fixing them on first sight); drop conflicting rows."""
+        bad: set[int] = set()
+        for col in self.spec.keep_cols:
+            values, known = batch.columns[col], self.spec.kept_types.get(col)
+            try:
+                arr = pa.array(values, type=known)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                arr = None
+            if arr is not None:
+                if known is None and not pa.types.is_null(arr.type):
+                    self.spec.kept_types[col] = arr.type
+                continue
+            # Find the rows that do not fit: against the known type, or (first sight) the first value's.
+            ref = known if known is not None else _first_type(values)
+            for j, v in enumerate(values):
+                if j not in bad and not _fits(v, ref):
+                    bad.add(j)
+                    self.spec.bad(
+                        InputError(
+                            self.source,
+                            f"kept field {col!r} is {type_name(v)}, but the column is {ref} in earlier rows",
+                            location=batch.locations[j],
+                            record_id=batch.ids[j],
+                            fix="give the field one type in every record",
+                        )
+                    )
+            if known is None and ref is not None and not pa.types.is_null(ref):
+                self.spec.kept_types[col] = ref
+        if not bad:
+            return batch
+        keep = [j for j in range(len(batch)) if j not in bad]
+        return InputBatch(
+            source=batch.source,
+            locations=[batch.locations[j] for j in keep],
+            ids=[batch.ids[j] for j in keep],
+            texts=[batch.texts[j] for j in keep],
+            columns={c: [v[j] for j in keep] for c, v in batch.columns.items()},
+            extra_texts={c: [v[j] for j in keep] for c, v in batch.extra_texts.items()},
+        )
 
     def drain_full(self) -> Iterator[InputBatch]:
         while len(self.ids) >= self.spec.batch_rows:
@@ -209,3 +274,20 @@ def type_name(value: Any) -> str:
         type(value), type(value).__name__
     )
 
+
+def _fits(value: Any, t: pa.DataType | None) -> bool:
+    try:
+        pa.array([value], type=t)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _first_type(values: Sequence[Any]) -> pa.DataType | None:
+    for v in values:
+        if v is not None:
+            try:
+                return pa.array([v]).type
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                return None
+    return None
