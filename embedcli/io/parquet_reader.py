@@ -46,7 +46,7 @@ def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
     )
 
 
-def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
+def _open(path: str) -> pq.ParquetFile:
     try:
         if path == STDIN:
             source: Any = pa.BufferReader(sys.stdin.buffer.read())
@@ -55,40 +55,47 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
                 source = pa.BufferReader(f.read())
         else:
             source = arrow_source(path)
-        pf = pq.ParquetFile(source)
+        return pq.ParquetFile(source)
     except FileNotFoundError:
         raise InputError(path, "no such file", fix="check the path") from None
     except (pa.ArrowException, OSError) as e:
         raise _not_parquet(path, e) from None
-    with pf:
-        schema = pf.schema_arrow
-        names = schema.names
 
-        def need(col: str, what: str, flag: str) -> None:
-            if col not in names:
-                raise missing_column(path, what, col, names, flag)
 
-        need(spec.text_col, "text", "--text-col")
-        for c in spec.extra_text_cols:
-            need(c, "text", None)
-        for c in spec.keep_cols:
-            need(c, "kept", "--keep-cols")
-            _fix_kept_type(path, spec, c, schema.field(c).type)
-        id_col: str | None = spec.id_col if (spec.id_explicit or spec.id_col in names) else None
-        if id_col is not None:
-            need(id_col, "id", "--id-col")
-            t = schema.field(id_col).type
-            if not _is_id_type(t):
-                raise InputError(path, f"id column {id_col!r} has type {t}; ids must be strings or integers")
-        for c in (spec.text_col, *spec.extra_text_cols):
-            t = schema.field(c).type
-            if not _is_text_type(t):
-                raise InputError(path, f"text column {c!r} has type {t}; expected a string column")
+def _check_columns(path: str, schema: pa.Schema, spec: ReadSpec) -> str | None:
+    """Check the requested columns and their types against the file's schema; returns the id column."""
+    names = schema.names
 
+    def need(col: str, what: str, flag: str | None) -> None:
+        if col not in names:
+            raise missing_column(path, what, col, names, flag)
+
+    need(spec.text_col, "text", "--text-col")
+    for c in spec.extra_text_cols:
+        need(c, "text", None)
+    for c in spec.keep_cols:
+        need(c, "kept", "--keep-cols")
+        _fix_kept_type(path, spec, c, schema.field(c).type)
+    id_col: str | None = spec.id_col if (spec.id_explicit or spec.id_col in names) else None
+    if id_col is not None:
+        need(id_col, "id", "--id-col")
+        t = schema.field(id_col).type
+        if not _is_id_type(t):
+            raise InputError(path, f"id column {id_col!r} has type {t}; ids must be strings or integers")
+    for c in (spec.text_col, *spec.extra_text_cols):
+        t = schema.field(c).type
+        if not _is_text_type(t):
+            raise InputError(path, f"text column {c!r} has type {t}; expected a string column")
+    return id_col
+
+
+def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
+    """Parquet, a batch of rows at a time; ids from the id column if present, else `file:row`."""
+    with _open(path) as pf:
+        id_col = _check_columns(path, pf.schema_arrow, spec)
         wanted = [spec.text_col, *spec.extra_text_cols, *spec.keep_cols, *([id_col] if id_col else [])]
-        columns = list(dict.fromkeys(wanted))
         b = BatchBuilder(path, spec)
-        batches = pf.iter_batches(batch_size=spec.batch_rows, columns=columns)
+        batches = pf.iter_batches(batch_size=spec.batch_rows, columns=list(dict.fromkeys(wanted)))
         row = 0
         while True:
             try:
@@ -97,9 +104,8 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
                 break
             except (pa.ArrowException, OSError) as e:
                 raise _not_parquet(path, e, f" (reading rows from {row})") from None
-            n = rb.num_rows
-            rows = range(row, row + n)
-            row += n
+            rows = range(row, row + rb.num_rows)
+            row += rb.num_rows
             locations = [f"row {i}" for i in rows]
             texts = rb.column(spec.text_col).to_pylist()
             kept = {c: rb.column(c).to_pylist() for c in spec.keep_cols}
@@ -108,30 +114,28 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
                 ids = [f"{prefix}:{i}" for i in rows]
             else:
                 ids = pc.cast(rb.column(id_col), pa.string()).to_pylist()
-                bad = [j for j, v in enumerate(ids) if not v]
-                if bad:
-                    for j in bad:
-                        what = "null" if ids[j] is None else "empty"
-                        spec.bad(
-                            InputError(
-                                path,
-                                f"id column {id_col!r} is {what}",
-                                location=locations[j],
-                                fix="give every record a unique id",
-                            )
-                        )
-                    keep = [j for j in range(n) if ids[j]]
-                    locations, ids, texts = (
-                        [locations[j] for j in keep],
-                        [ids[j] for j in keep],
-                        [texts[j] for j in keep],
-                    )
+                keep = _good_ids(path, id_col, ids, locations, spec)
+                if keep is not None:
+                    locations, ids, texts = [locations[j] for j in keep], [ids[j] for j in keep], [texts[j] for j in keep]
                     kept = {c: [v[j] for j in keep] for c, v in kept.items()}
                     extra = {c: [v[j] for j in keep] for c, v in extra.items()}
             b.extend(locations, ids, texts, kept, extra)
             yield from b.drain_full()
         if len(b):
             yield b.take()
+
+
+def _good_ids(path: str, id_col: str, ids: list[Any], locations: list[str], spec: ReadSpec) -> list[int] | None:
+    """Report null/empty ids as bad rows; the rows to keep, or None when all are good."""
+    bad = [j for j, v in enumerate(ids) if not v]
+    if not bad:
+        return None
+    for j in bad:
+        what = "null" if ids[j] is None else "empty"
+        spec.bad(
+            InputError(path, f"id column {id_col!r} is {what}", location=locations[j], fix="give every record a unique id")
+        )
+    return [j for j in range(len(ids)) if ids[j]]
 
 
 def _fix_kept_type(path: str, spec: ReadSpec, col: str, t: pa.DataType) -> None:
