@@ -72,11 +72,11 @@ def check_name_length(path: str) -> None:
         )
 
 
-def check_output_path(path: str) -> None:
-    """Raise OutputError unless a file can be created at `path` (`-`, stdout, always passes)."""
+def check_output_path(path: str, *, as_dir: bool = False) -> None:
+    """Raise OutputError unless a file (`as_dir`: a directory of shards) can be created at `path` (`-` passes)."""
     if path == STDIN:
         return
-    if shards_dir_output(path):  # a directory of shards: its parent must be writable
+    if as_dir or path.endswith(("/", os.sep)):  # a directory of shards: its parent must be writable
         path = os.path.abspath(path.rstrip("/" + os.sep) or path)
     elif os.path.isdir(path):
         raise OutputError(
@@ -109,16 +109,6 @@ def _read_only(directory: str) -> bool:
         return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):
         return False
-
-
-def shards_dir_output(path: str) -> bool:
-    """An `-o` that names a directory of shards: a trailing /, `--shards-dir`, or a directory embedcli wrote."""
-    if path.endswith(("/", os.sep)):
-        return True
-    from embedcli.io.manifest import manifest_path
-    from embedcli.run_options import current_settings
-
-    return os.path.isfile(manifest_path(path)) or current_settings().shards_dir
 
 
 def os_error(path: str, e: OSError) -> OutputError:

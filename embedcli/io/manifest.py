@@ -25,10 +25,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, write_atomic
 from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
 from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
 from embedcli.io.errors import OutputError
+from embedcli.io.formats import output_format
 
 MANIFEST_FORMAT = "embedcli-manifest"
 MANIFEST_VERSION = 1
@@ -48,6 +52,11 @@ KEY_RECORDS = "embedcli.input_records"
 KEY_SKIPPED = "embedcli.skipped_rows"
 KEY_ERRORS = "embedcli.errors"
 KEY_COMPLETE = "embedcli.complete"
+# `--shard K/N` outputs (embedcli.run.sharding): which slice of how many records.
+KEY_SHARD = "embedcli.shard"
+KEY_SHARD_RANGE = "embedcli.shard_range"
+KEY_SHARD_TOTAL = "embedcli.shard_total"
+SHARD_KEYS = (KEY_SHARD, KEY_SHARD_RANGE, KEY_SHARD_TOTAL)
 
 
 def _sha(payload: Any) -> str:
@@ -304,13 +313,9 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
         return dict(manifest.metadata) if manifest and manifest.metadata else None
     if not os.path.isfile(path):
         return None
-    from embedcli.io.writers import output_format
 
     kind = output_format(path, fmt, reading=True)
     if kind == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         try:
             raw = pq.read_schema(arrow_source(path)).metadata or {}
         except (pa.ArrowException, OSError):

@@ -18,7 +18,8 @@ from embedcli.io.commit import (
     temp_path,
     unlink_quiet,
 )
-from embedcli.io.errors import STDIN, OutputError, OutputFormatError
+from embedcli.io.errors import STDIN, OutputError
+from embedcli.io.formats import OUTPUT_FORMATS, output_format
 from embedcli.io.jsonl_writer import JsonlResultWriter, table_to_json_lines
 from embedcli.io.npy_writer import NpyResultWriter
 from embedcli.io.vectors import embedding_array, embedding_matrix, embedding_type
@@ -39,18 +40,6 @@ __all__ = [
     "table_to_json_lines",
     "temp_path",
 ]
-
-OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "jsonl", "npy")
-"""Output formats understood by `open_writer`."""
-
-_OUT_EXTENSIONS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".npy": "npy",
-}
-_OUT_ALIASES = {"pq": "parquet", "ndjson": "jsonl", "json": "jsonl"}
 
 # --------------------------------------------------------------------------------------------------
 # Parquet
@@ -140,41 +129,6 @@ class ParquetResultWriter(ResultWriter):
 
 # --------------------------------------------------------------------------------------------------
 # Choosing a writer
-
-
-def output_format(path: str, fmt: str | None = None, *, reading: bool = False) -> str:
-    """Return the output format for `path`: `fmt` if given, else by extension (none → parquet; `-` → jsonl).
-
-    Any other extension (`.json`, `.csv`, `.txt`, ...) is refused (OutputFormatError, exit 2) rather than
-    given Parquet bytes under a name that promises another format. `reading=True` (an existing output,
-    e.g. for inspect or --previous) takes an unknown extension as Parquet instead.
-    """
-    if fmt is not None:
-        name = fmt.strip().lower().lstrip(".")
-        name = _OUT_ALIASES.get(name, name)
-        if name not in OUTPUT_FORMATS:
-            raise ValueError(f"unknown output format {fmt!r}; choose one of: {', '.join(OUTPUT_FORMATS)}")
-        if path == STDIN and name != "jsonl":
-            raise OutputError(
-                path,
-                f"{name} cannot be written to stdout",
-                fix="-o - writes JSONL; give a file name for other formats",
-            )
-        return name
-    if path == STDIN:
-        return "jsonl"
-    ext = os.path.splitext(path)[1].lower()
-    if not ext:
-        return "parquet"
-    if ext not in _OUT_EXTENSIONS:
-        if reading:
-            return "parquet"
-        raise OutputFormatError(
-            path,
-            f"embedcli cannot write {ext!r} files",
-            fix=f"name it {', '.join(sorted(_OUT_EXTENSIONS))}, or pass --output-format {{{','.join(OUTPUT_FORMATS)}}}",
-        )
-    return _OUT_EXTENSIONS[ext]
 
 
 def open_writer(

@@ -6,6 +6,10 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from embedcli.io.commit import arrow_source
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
@@ -27,6 +31,8 @@ from embedcli.io.manifest import (
     staging_dir,
     strip_slash,
 )
+from embedcli.io.sidecar import check_sidecar
+from embedcli.io.writers import output_format
 
 PROVENANCE_KEYS = ("embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype")
 
@@ -58,8 +64,6 @@ def _count_lines(path: str) -> int:
 def _file_rows(path: str, fmt: str) -> tuple[int | None, list[str], str | None]:
     """(rows actually in the file, columns, problem) of an output file."""
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
         try:
             pf = pq.ParquetFile(arrow_source(path))
@@ -68,7 +72,6 @@ def _file_rows(path: str, fmt: str) -> tuple[int | None, list[str], str | None]:
         return pf.metadata.num_rows, pf.schema_arrow.names, None
     if fmt == "jsonl":
         return _count_lines(path), [], None
-    import numpy as np
 
     try:
         arr = np.load(path, mmap_mode="r")
@@ -93,8 +96,6 @@ def _staged(root: str) -> dict[str, Any] | None:
 
 
 def _inspect_dir(path: str, report: dict[str, Any]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     manifest = Manifest.load(path)
     report["format"] = "parquet shards"
@@ -147,7 +148,6 @@ def _inspect_dir(path: str, report: dict[str, Any]) -> None:
 
 def inspect_output(path: str) -> dict[str, Any]:
     """What an output is: format, rows, provenance, complete or not (and why), skipped rows and errors."""
-    from embedcli.io.writers import output_format
 
     report: dict[str, Any] = {"path": path, "exists": False, "complete": False, "mixed": False, "problems": []}
     target = strip_slash(path)
@@ -179,8 +179,6 @@ def inspect_output(path: str) -> dict[str, Any]:
         if sidecar and rows is not None and sidecar.get("rows") not in (None, rows):
             report["problems"].append(f"{rows} rows in the file, its sidecar says {sidecar.get('rows')}")
         if sidecar:
-            from embedcli.io.sidecar import check_sidecar
-
             report["problems"] += check_sidecar(target, sidecar, deep=True)  # the sidecar names these bytes
         index = target + INDEX_SUFFIX
         if os.path.isfile(index):
@@ -220,8 +218,6 @@ def inspect_output(path: str) -> dict[str, Any]:
 
 
 def _index_state(index: str, meta: dict[str, str]) -> str:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         tag = (pq.read_schema(arrow_source(index)).metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
