@@ -60,6 +60,7 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
         texts=[batch.texts[i] for i in il],
         columns={c: [v[i] for i in il] for c, v in batch.columns.items()},
         extra_texts={c: [v[i] for i in il] for c, v in batch.extra_texts.items()},
+        column_types=batch.column_types,  # the reader's types, or kept columns are re-guessed from the rows left
     )
 
 

@@ -52,3 +52,21 @@ def test_jsonl_kept_field_changing_type_is_a_bad_row(cli, st_model: Path, tmp_pa
     assert [(e["location"], e["id"]) for e in bad] == [("line 1501", "r1500")] and "'v'" in bad[0]["reason"]
     got = pq.read_table(out)
     assert got.num_rows == N - 1 and got.schema.field("v").type == pa.int64()
+
+
+def test_parquet_kept_types_survive_a_skipped_row(cli, st_model: Path, tmp_path: Path) -> None:
+    # A bad row drops out of its batch (the batch is subset): the rest keep the file's types.
+    src = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({
+            "id": [f"r{i}" for i in range(N)],
+            "text": [None if i == 3 else f"text {i}" for i in range(N)],
+            "ts": pa.array([None] * 1500 + [datetime.datetime(2020, 1, 1)] * (N - 1500), pa.timestamp("us")),
+        }),
+        src,
+    )
+    out = tmp_path / "out.parquet"
+    r = cli("embed", src, "-m", st_model, "-o", out, "-q", "--keep-cols", "ts", "--on-error", "skip", code=3)
+    assert "Traceback" not in r.stderr
+    got = pq.read_table(out)
+    assert got.num_rows == N - 1 and got.schema.field("ts").type == pa.timestamp("us")
