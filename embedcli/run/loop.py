@@ -36,7 +36,7 @@ from embedcli.run.signals import StopFlag
 from embedcli.run.sinks import StdoutSink
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
-from embedcli.run.target import resolve_output
+from embedcli.run.target import check_target, resolve_output
 
 
 class Pipeline:
@@ -52,6 +52,8 @@ class Pipeline:
         self.manifest: Any = None
         self.store: Any = None
         self.paths: list[str] | None = None
+        inputs = self.source.inputs.paths if self.source else ()
+        check_target(job.target.path, self.flags, inputs, job.reporting.stats_file)
         self.output = resolve_output(job.target.path, job.target.fmt, self.flags)
 
     def note(self, message: str) -> None:

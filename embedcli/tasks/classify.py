@@ -85,7 +85,7 @@ def run_classify(
 ) -> int:
     """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")
     if not 1 <= opts.top_k <= spec.num_labels:

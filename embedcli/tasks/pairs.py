@@ -155,7 +155,7 @@ def run_score(
 ) -> int:
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner, scorer = pair_scorer(choice, opts, "score")
     if opts.left is not None:
         source = BatchSource(replace(inputs, text_col=opts.right_col))
@@ -261,7 +261,7 @@ def run_rerank(
     (and texts with `--return-documents`), and the output is written once every document is scored.
     """
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, [*inputs.paths, *([opts.queries] if opts.queries else [])], output.stats_file)
     if opts.top_n < 0:
         raise UsageError(f"--top-n {opts.top_n}: must be 0 (all) or more")
     report = RunReport(quiet=output.quiet)

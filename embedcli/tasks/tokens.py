@@ -221,7 +221,7 @@ def run_token_embed(
 ) -> int:
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner = token_runner("token_embed", "token-embed", choice, opts)
     model = runner.model
     width = runner.params.dimensions or model.spec.embedding_size
@@ -236,7 +236,7 @@ def run_token_classify(
 ) -> int:
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner = token_runner("token_classify", "token-classify", choice, opts)
     model = runner.model
     names = list(model.spec.id2label)
