@@ -1,6 +1,7 @@
 """Issue 13, the run loop's own paths, with the fake engine: an output, `--stats` or `--errors-file` that is an
 input (or another written path) is refused before any work; unwritable side files and a read-only file
-system are reported with their path before any work."""
+system are reported with their path before any work; `--errors-file` is written only when there is a bad
+row."""
 
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ def test_a_shard_directory_holding_an_input_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is the input"):
         run_job(make_job(src, tmp_path / "out", shards_dir=True))
     assert src.exists()
+
+
+def test_an_unrelated_errors_file_is_left_alone_on_a_clean_run(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "in.jsonl", ROWS)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious\n")
+    assert run_job(make_job(src, tmp_path / "out.parquet", on_error="skip", errors_file=str(notes))) == 0
+    assert notes.read_text() == "precious\n"
 
 
 @pytest.mark.parametrize("which", ["--stats", "--errors-file"])
