@@ -119,7 +119,10 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
         output_format=p.output.fmt,
         mode=p.output.mode,
     )
-    manifest.save(root)
+    try:
+        manifest.save(root)
+    except OSError as e:  # e.g. a disk already full: name the output, not a bare "[Errno 28]"
+        raise output_error(p.output.path, e, resumable=False) from None
     return manifest, True
 
 

@@ -1,10 +1,11 @@
 """Issue 13, the run loop's own paths, with the fake engine: an output, `--stats` or `--errors-file` that is an
-input (or another written path) is refused before any work; unwritable side files and a read-only file
-system are reported with their path before any work; `--errors-file` is written only when there is a bad
+input (or another written path) is refused before any work; unwritable side files, a read-only file
+system and a disk full before the start are reported with their path; `--errors-file` is written only when there is a bad
 row."""
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from test_run_loop import ROWS, FakeEngine, make_job, write_rows
 
 from embedcli.errors import OutputError, UsageError
+from embedcli.io.manifest import Manifest
 from embedcli.run import Reporting, run_job
 
 
@@ -125,6 +127,21 @@ def test_a_read_only_file_system_is_reported_as_read_only(tmp_path: Path, monkey
         run_job(job)
     assert "read-only file system" in str(err.value) and "permission denied" not in str(err.value)
     assert str(target) in str(err.value) and engine.seen == []
+
+
+def test_a_disk_full_before_the_start_names_the_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_rows(tmp_path / "in.jsonl", ROWS)
+    out = tmp_path / "out.parquet"
+
+    def full(self: Manifest, root: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Manifest, "save", full)
+    engine = FakeEngine()
+    with pytest.raises(OutputError) as err:
+        run_job(make_job(src, out, engine))
+    assert str(out) in str(err.value) and "No space left on device" in str(err.value)
+    assert "free some space" in str(err.value) and engine.seen == []
 
 
 def test_merging_a_shard_set_into_one_of_its_members_is_refused(tmp_path: Path) -> None:
