@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.errors import STDIN, InputError
+from embedcli.errors import STDIN, InputError, UsageError
 from embedcli.io.readers import (
     InputBatch,
     detect_format,
@@ -77,6 +77,23 @@ def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def refuse_shadowing(columns: Sequence[str], keep_cols: Sequence[str]) -> None:
+    """UsageError (exit 2) when a `--keep-cols` column has the name of a column the command writes itself."""
+    for name in keep_cols:
+        if name in columns:
+            raise UsageError(
+                f"--keep-cols {name}: the output has its own {name!r} column (it writes {', '.join(columns)}); "
+                "a kept column may not replace it: drop it from --keep-cols or rename it in the input"
+            )
+
+
+def with_kept(columns: dict[str, Any], batch: Any, names: Sequence[str]) -> dict[str, Any]:
+    """A command's result `columns` of a batch followed by its `--keep-cols` columns (never replacing one)."""
+    refuse_shadowing(list(columns), names)
+    columns.update(kept_columns(batch, names))
+    return columns
+
+
 def empty_batch(keep_cols: Sequence[str]) -> InputBatch:
     """A batch of no rows with the `--keep-cols` columns (for an output's empty shape)."""
     return InputBatch(source="", locations=[], ids=[], texts=[], columns={c: [] for c in keep_cols}, extra_texts={})
@@ -137,6 +154,21 @@ class BatchSource:
         if STDIN in paths:
             return None
         return [input_fingerprint(p) for p in paths]
+
+    def kept_types(self, paths: Sequence[str]) -> dict[str, pa.DataType]:
+        """The types of the `--keep-cols` columns as the first Parquet input holding each declares them."""
+        types: dict[str, pa.DataType] = {}
+        for p in paths:
+            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+                continue
+            try:
+                schema = pq.read_schema(p)
+            except Exception:  # an unreadable input is the reader's to report, with its row
+                continue
+            for name in self.inputs.keep_cols:
+                if name not in types and name in schema.names and not pa.types.is_null(schema.field(name).type):
+                    types[name] = schema.field(name).type
+        return types
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
         """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""

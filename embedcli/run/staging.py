@@ -147,7 +147,7 @@ def _finish(p: Pipeline, root: str, lock: Any) -> int:
     manifest = p.manifest
     meta = _final_meta(p)
     if p.output.mode == "file":
-        empty_schema = p.job.codec.empty().schema
+        empty_schema = p.empty_output().schema
         assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema)
         lock.release()
         shutil.rmtree(root, ignore_errors=True)

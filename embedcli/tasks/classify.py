@@ -14,7 +14,7 @@ from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -72,8 +72,7 @@ class ClassifyCodec:
             columns["top_scores"] = pa.array([p[i, o].tolist() for i, o in enumerate(order)], pa.list_(pa.float32()))
         if self.all_scores:
             columns["scores"] = embedding_array(p)
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""

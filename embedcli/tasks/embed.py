@@ -30,7 +30,7 @@ from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
-from embedcli.run.source import BatchSource, InputOptions, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, provenance
 
@@ -67,14 +67,11 @@ class EmbedCodec:
     def table(self, batch: Any, vectors: Any) -> Any:
         """The output rows of a batch."""
         columns = {"id": pa.array(batch.ids, pa.string()), "embedding": embedding_array(np.asarray(vectors))}
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
-        return pa.table(
-            {"id": pa.array([], pa.string()), "embedding": embedding_array(np.zeros((0, self.width), np.float32))}
-        )
+        return self.table(empty_batch(self.keep_cols), np.zeros((0, self.width), np.float32))
 
 
 @dataclass(frozen=True)
@@ -215,7 +212,8 @@ def _quantize_spool(spool: str, job: Job, quant: Quantizer) -> None:
                 writer = open_writer(path, table.schema, final_meta, fmt=fmt)
             writer.write(table)
         if writer is None:
-            writer = open_writer(path, quant.table(job.codec.empty()).schema, final_meta, fmt=fmt)
+            empty = source.schema_arrow.empty_table().replace_schema_metadata(None)  # the spool's columns and types
+            writer = open_writer(path, quant.table(empty).schema, final_meta, fmt=fmt)
         writer.commit()
     except BaseException:
         if writer is not None:

@@ -21,7 +21,7 @@ from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.progress import Progress
 from embedcli.run.report import RunReport, peak_rss_mb, write_stats
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, refuse_shadowing, with_kept
 from embedcli.run.target import check_target
 from embedcli.scoring import METHODS, PairScorer, TopN
 from embedcli.tasks.common import (
@@ -140,14 +140,12 @@ class ScoreCodec:
         else:
             scores = self.scorer.pair_scores(result, n)
         columns = {"id": pa.array(batch.ids, pa.string()), "score": pa.array(scores, pa.float32())}
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
         columns = {"id": pa.array([], pa.string()), "score": pa.array([], pa.float32())}
-        columns.update(kept_columns(empty_batch(self.keep_cols), self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, empty_batch(self.keep_cols), self.keep_cols))
 
 
 def run_score(
@@ -217,6 +215,7 @@ class Documents:
         }
         if self.with_text:
             columns["text"] = pa.array([self.texts[i] for i in idx], pa.string())
+        refuse_shadowing(list(columns), list(self.cols))
         for c, values in self.cols.items():
             arr = pa.array([values[i] for i in idx])
             columns[c] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
@@ -269,6 +268,7 @@ def run_rerank(
     runner, scorer = pair_scorer(choice, opts, "rerank")
     keepers = [TopN(opts.top_n) for _ in queries]
     docs = Documents(list(inputs.keep_cols), opts.return_documents)
+    docs.empty()  # refuses a kept column that would shadow a result column, before any work
     progress = report.start_progress(0, flags.log_every)
     try:
         if queries:

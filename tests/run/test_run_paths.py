@@ -1,7 +1,7 @@
 """Issue 13, the run loop's own paths, with the fake engine: an output, `--stats` or `--errors-file` that is an
-input (or another written path) is refused before any work; unwritable side files, a read-only file
-system and a disk full before the start are reported with their path; `--errors-file` is written only when there is a bad
-row."""
+input (or another written path) is refused before any work; `--errors-file` is written only when there is
+a bad row; unwritable side files, a read-only file system and a disk full before the start are reported
+with their path; an empty output keeps its `--keep-cols` columns."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from test_run_loop import ROWS, FakeEngine, make_job, write_rows
 
 from embedcli.errors import OutputError, UsageError
 from embedcli.io.manifest import Manifest
-from embedcli.run import Reporting, run_job
+from embedcli.run import BatchSource, InputOptions, Reporting, run_job
 
 
 def _link(kind: str, src: Path, at: Path) -> Path:
@@ -142,6 +143,28 @@ def test_a_disk_full_before_the_start_names_the_output(tmp_path: Path, monkeypat
         run_job(make_job(src, out, engine))
     assert str(out) in str(err.value) and "No space left on device" in str(err.value)
     assert "free some space" in str(err.value) and engine.seen == []
+
+
+def test_an_empty_output_keeps_the_kept_columns_typed_as_the_parquet_input(tmp_path: Path) -> None:
+    src = tmp_path / "in.parquet"
+    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("n", pa.int32()), ("when", pa.timestamp("ms"))])
+    pq.write_table(schema.empty_table(), src)
+    out = tmp_path / "out.parquet"
+    job = make_job(src, out)
+    job = replace(job, source=BatchSource(InputOptions([str(src)], keep_cols=["n", "when"], batch_rows=2)))
+    assert run_job(job) == 0
+    got = pq.read_schema(out)
+    assert got.names == ["id", "embedding", "n", "when"]
+    assert got.field("n").type == pa.int32() and got.field("when").type == pa.timestamp("ms")
+
+
+def test_an_empty_jsonl_input_keeps_the_kept_columns_as_strings(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    out = tmp_path / "out.parquet"
+    job = replace(make_job(src, out), source=BatchSource(InputOptions([str(src)], keep_cols=["title"], batch_rows=2)))
+    assert run_job(job) == 0
+    assert pq.read_schema(out).field("title").type == pa.string()
 
 
 def test_merging_a_shard_set_into_one_of_its_members_is_refused(tmp_path: Path) -> None:
