@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -18,6 +19,7 @@ from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
 from embedcli.io.manifest import (
     KEY_COMPLETE,
     KEY_CONFIG_KEY,
+    KEY_INPUT_OPTIONS,
     KEY_JOB,
     KEY_SKIPPED,
     config_key,
@@ -31,6 +33,7 @@ from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
+from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, provenance
 
@@ -147,6 +150,7 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
     done = _finished_quantized(job)
     if done is not None:
         return done
+    _guard_output_staging(job)
     spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
     code = _spooled(job, quant, spool)
     for leftover in (spool, index_sidecar(spool)):
@@ -177,6 +181,17 @@ def _finished_quantized(job: Job) -> int | None:
             print(f"embedcli: {target.path} is already complete (same inputs and config): nothing to do", file=sys.stderr)
         return EXIT_SKIPPED if int(existing.get(KEY_SKIPPED, "0") or 0) else EXIT_OK
     return None
+
+
+def _guard_output_staging(job: Job) -> None:
+    """Staged work of an interrupted run of another config at the output: refused as on every path (exit 2
+    unless --overwrite), never published over (the spool stages elsewhere)."""
+    source = job.source
+    if not isinstance(source, BatchSource):
+        return
+    options = source.options()
+    meta = {**job.provenance, KEY_INPUT_OPTIONS: json.dumps(options, sort_keys=True)}
+    guard_staged_work(job.target.path, config_key(job.provenance, options, "parquet"), meta, job.flags.overwrite)
 
 
 def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None:

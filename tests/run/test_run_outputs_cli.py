@@ -1,5 +1,6 @@
 """Issue 13 through `embedcli embed` on real files and the tiny sentence-transformers model: an output that is
-its own input is refused, kept columns never shadow result columns and an empty output keeps its kept columns."""
+its own input is refused, kept columns never shadow result columns, an empty output keeps its kept columns,
+and `--precision int8` refuses staged work of another config like every other path."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from embedcli.io.manifest import Manifest, staging_dir
 
 
 def _corpus(path: Path, n: int = 12, null_at: int | None = None) -> Path:
@@ -48,3 +51,20 @@ def test_zero_rows_keep_the_kept_columns_in_the_schema(cli, st_model: Path, tmp_
     cli("embed", corpus, "-m", st_model, "-o", out, "--keep-cols", "n", "--precision", precision, "-q")
     schema = pq.read_schema(out)
     assert schema.names == ["id", "embedding", "n"] and schema.field("n").type == pa.int16()
+
+
+def test_int8_refuses_staged_work_of_another_config_unless_overwrite(cli, st_model: Path, tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "corpus.jsonl", n=40, null_at=30)
+    out = tmp_path / "out.parquet"
+    # a float32 run stopped by a bad row after committing 3 shards: its work waits in the staging directory
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 10, "-q", code=1)
+    staged = Manifest.load(staging_dir(str(out)))
+    assert staged is not None and staged.records_done == 30
+    _corpus(corpus, n=40)  # the row is fixed; rerunning the float32 command would finish that work
+    result = cli("embed", corpus, "-m", st_model, "-o", out, "--precision", "int8", "-q", code=2)
+    assert "interrupted run with a different config" in result.stderr and not out.exists()
+    again = Manifest.load(staging_dir(str(out)))
+    assert again is not None and again.records_done == 30
+    cli("embed", corpus, "-m", st_model, "-o", out, "--precision", "int8", "--overwrite", "-q")
+    assert pq.read_table(out).num_rows == 40 and not Path(staging_dir(str(out))).exists()
+    assert pq.read_schema(out).field("embedding").type.value_type == pa.int8()
