@@ -90,12 +90,7 @@ def check_output_path(path: str, *, as_dir: bool = False) -> None:
     if not os.path.isdir(parent):
         raise OutputError(path, f"{parent!r} is not a directory")
     check_name_length(path)
-    if _read_only(parent):
-        raise OutputError(
-            path,
-            f"read-only filesystem: cannot create files in {parent!r}",
-            fix="choose a location on a writable filesystem",
-        )
+    check_read_only(path)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(
             path,
@@ -104,11 +99,25 @@ def check_output_path(path: str, *, as_dir: bool = False) -> None:
         )
 
 
-def _read_only(directory: str) -> bool:
+def read_only(directory: str) -> bool:
+    """Whether `directory` sits on a file system mounted read-only."""
     try:
         return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):
         return False
+
+
+def check_read_only(path: str, shown: str | None = None) -> None:
+    """OutputError when the directory `path` would be created in is on a read-only file system."""
+    if path == STDIN:
+        return
+    parent = os.path.dirname(os.path.abspath(path.rstrip("/" + os.sep) or path))
+    if os.path.isdir(parent) and read_only(parent):
+        raise OutputError(
+            shown or path,
+            f"read-only file system: cannot create files in {parent!r}",
+            fix="choose a directory on a writable file system (or remount it read-write)",
+        )
 
 
 def os_error(path: str, e: OSError) -> OutputError:

@@ -154,9 +154,11 @@ def write_json_atomic(path: str, payload: Any) -> None:
 def output_error(path: str, e: OSError, resumable: bool = True) -> OutputError:
     """An OutputError for an OSError while writing, saying how to resume (full disk gets its own fix)."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space and rerun the same command: committed work is kept and the run resumes"
+        fix = "free some space and rerun the same command" + (
+            ": committed work is kept and the run resumes" if resumable else ""
+        )
     elif e.errno == errno.EROFS:
-        fix = "choose a location on a writable filesystem"
+        fix = "choose a directory on a writable file system (or remount it read-write)"
     elif isinstance(e, PermissionError):
         fix = "choose a directory you can write to"
     else:

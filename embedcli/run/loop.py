@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, InputError, OutputError
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.run.checks import Work, read_work
@@ -36,7 +38,7 @@ from embedcli.run.signals import StopFlag
 from embedcli.run.sinks import StdoutSink
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
-from embedcli.run.target import resolve_output
+from embedcli.run.target import check_target, resolve_output
 
 
 class Pipeline:
@@ -52,7 +54,10 @@ class Pipeline:
         self.manifest: Any = None
         self.store: Any = None
         self.paths: list[str] | None = None
+        inputs = self.source.inputs.paths if self.source else ()
+        check_target(job.target.path, self.flags, inputs, job.reporting.stats_file)
         self.output = resolve_output(job.target.path, job.target.fmt, self.flags)
+        job.codec.empty()  # a codec refuses a kept column that would shadow its own here, before any work
 
     def note(self, message: str) -> None:
         """A one-line note on stderr (kept clear of the progress bar)."""
@@ -104,6 +109,21 @@ class Pipeline:
             KEY_INPUT_OPTIONS: json.dumps(options, sort_keys=True),
         }
 
+    def empty_output(self) -> Any:
+        """The output of no rows: the codec's, with each kept column typed as a Parquet input declares it
+        (else string), so an empty output has the same columns as a full one."""
+        table = self.job.codec.empty()
+        if self.source is None:
+            return table
+        types = self.source.kept_types(self.paths or [])
+        for name in self.source.inputs.keep_cols:
+            column = pa.array([], types.get(name, pa.string()))
+            if name in table.column_names:
+                table = table.set_column(table.column_names.index(name), name, column)
+            else:
+                table = table.append_column(name, column)
+        return table
+
     def open_previous(self, in_place: str | None, existing: dict[str, str] | None) -> None:
         """Set up `--incremental`'s carry-over from the previous output (if any)."""
         previous = open_previous(self.flags, in_place, existing, self.meta, self.base_meta, self.note)
@@ -117,7 +137,7 @@ class Pipeline:
             self.guarded_loop(sink, skip=0, errors=lambda: sink.errors)
         finally:
             self.report.rows = sink.rows
-        sink.finish(self.job.codec.empty())
+        sink.finish(self.empty_output())
         self.report.summary(self.job.engine, self.report.new_errors, sink.rows, self.flags.errors_file)
         return EXIT_SKIPPED if self.report.new_errors else EXIT_OK
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.errors import InputError
+from embedcli.errors import STDIN, InputError, UsageError
 from embedcli.io.reader_base import kept_arrays
 from embedcli.io.readers import (
     InputBatch,
@@ -75,6 +76,23 @@ def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
     return kept_arrays(batch.columns, names, getattr(batch, "column_types", None))
 
 
+def refuse_shadowing(columns: Sequence[str], keep_cols: Sequence[str]) -> None:
+    """UsageError (exit 2) when a `--keep-cols` column has the name of a column the command writes itself."""
+    for name in keep_cols:
+        if name in columns:
+            raise UsageError(
+                f"--keep-cols {name}: the output has its own {name!r} column (it writes {', '.join(columns)}); "
+                "a kept column may not replace it: drop it from --keep-cols or rename it in the input"
+            )
+
+
+def with_kept(columns: dict[str, Any], batch: Any, names: Sequence[str]) -> dict[str, Any]:
+    """A command's result `columns` of a batch followed by its `--keep-cols` columns (never replacing one)."""
+    refuse_shadowing(list(columns), names)
+    columns.update(kept_columns(batch, names))
+    return columns
+
+
 def empty_batch(keep_cols: Sequence[str]) -> InputBatch:
     """A batch of no rows with the `--keep-cols` columns (for an output's empty shape)."""
     return InputBatch(source="", locations=[], ids=[], texts=[], columns={c: [] for c in keep_cols}, extra_texts={})
@@ -133,6 +151,21 @@ class BatchSource:
     def fingerprints(self, paths: Sequence[str]) -> list[dict[str, Any]] | None:
         """Fingerprints of every input (None when one is stdin: such a run cannot resume)."""
         return input_fingerprints(paths)  # None for stdin, a pipe or a FIFO: never read to fingerprint it
+
+    def kept_types(self, paths: Sequence[str]) -> dict[str, pa.DataType]:
+        """The types of the `--keep-cols` columns as the first Parquet input holding each declares them."""
+        types: dict[str, pa.DataType] = {}
+        for p in paths:
+            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+                continue
+            try:
+                schema = pq.read_schema(p)
+            except Exception:  # an unreadable input is the reader's to report, with its row
+                continue
+            for name in self.inputs.keep_cols:
+                if name not in types and name in schema.names and not pa.types.is_null(schema.field(name).type):
+                    types[name] = schema.field(name).type
+        return types
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
         """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""

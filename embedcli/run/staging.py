@@ -27,6 +27,7 @@ from embedcli.io.manifest import (
     Manifest,
     StagingLock,
     make_staging_dir,
+    output_error,
     output_metadata,
     staging_dir,
 )
@@ -90,17 +91,37 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     return False
 
 
+def _refuse_other_config(root: str, manifest: Manifest, cfg_key: str, meta: dict[str, str]) -> None:
+    if manifest.config_key != cfg_key:
+        raise UsageError(
+            f"{root} holds the work of an interrupted run with a different config "
+            f"({describe_config_change(manifest.metadata or manifest.config, meta)}); "
+            "rerun that command to finish it, or pass --overwrite to discard it"
+        )
+
+
+def guard_staged_work(output: str, cfg_key: str, meta: dict[str, str], overwrite: bool) -> None:
+    """For a run that publishes `output` without staging there (`--precision int8` stages a float32 spool):
+    the rule of every staged run. Staged work of another config at `output` is refused (exit 2) unless
+    `overwrite`, which discards it (OutputError while another run holds it)."""
+    root = staging_dir(output)
+    manifest = Manifest.load(root) if os.path.isdir(root) else None
+    if manifest is None or manifest.config_key == cfg_key:
+        return
+    if not overwrite:
+        _refuse_other_config(root, manifest, cfg_key, meta)
+    with StagingLock(root, output):
+        clear_dir(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     """The manifest to continue (staged work of this same job) or a fresh one; and whether it is fresh."""
     overwrite = p.flags.overwrite
     manifest = Manifest.load(root)
     if manifest is not None:
-        if manifest.config_key != p.cfg_key and not overwrite:
-            raise UsageError(
-                f"{root} holds the work of an interrupted run with a different config "
-                f"({describe_config_change(manifest.metadata or manifest.config, p.base_meta)}); "
-                "rerun that command to finish it, or pass --overwrite to discard it"
-            )
+        if not overwrite:
+            _refuse_other_config(root, manifest, p.cfg_key, p.base_meta)
         if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
             if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
                 p.note("the inputs changed since the interrupted run: starting over")
@@ -119,7 +140,10 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
         output_format=p.output.fmt,
         mode=p.output.mode,
     )
-    manifest.save(root)
+    try:
+        manifest.save(root)
+    except OSError as e:  # e.g. a disk already full: name the output, not a bare "[Errno 28]"
+        raise output_error(root, e, resumable=False) from None  # the staging dir: it names the output too
     return manifest, True
 
 
@@ -144,7 +168,7 @@ def _finish(p: Pipeline, root: str, lock: Any) -> int:
     manifest = p.manifest
     meta = _final_meta(p)
     if p.output.mode == "file":
-        empty_schema = p.job.codec.empty().schema
+        empty_schema = p.empty_output().schema
         assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema)
         lock.release()
         shutil.rmtree(root, ignore_errors=True)

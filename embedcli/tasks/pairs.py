@@ -21,7 +21,14 @@ from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.progress import Progress
 from embedcli.run.report import RunReport, peak_rss_mb, write_stats
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns, null_text_error
+from embedcli.run.source import (
+    BatchSource,
+    InputOptions,
+    empty_batch,
+    null_text_error,
+    refuse_shadowing,
+    with_kept,
+)
 from embedcli.run.target import check_target
 from embedcli.scoring import METHODS, PairScorer, TopN
 from embedcli.tasks.common import (
@@ -156,14 +163,12 @@ class ScoreCodec:
         else:
             scores = self.scorer.pair_scores(result, n)
         columns = {"id": pa.array(batch.ids, pa.string()), "score": pa.array(scores, pa.float32())}
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
         columns = {"id": pa.array([], pa.string()), "score": pa.array([], pa.float32())}
-        columns.update(kept_columns(empty_batch(self.keep_cols), self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, empty_batch(self.keep_cols), self.keep_cols))
 
 
 def run_score(
@@ -171,7 +176,7 @@ def run_score(
 ) -> int:
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner, scorer = pair_scorer(choice, opts, "score")
     if opts.left is not None:
         source = BatchSource(replace(inputs, text_col=opts.right_col))
@@ -233,6 +238,7 @@ class Documents:
         }
         if self.with_text:
             columns["text"] = pa.array([self.texts[i] for i in idx], pa.string())
+        refuse_shadowing(list(columns), list(self.cols))
         for c, values in self.cols.items():
             arr = pa.array([values[i] for i in idx])
             columns[c] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
@@ -314,7 +320,7 @@ def run_rerank(
     (and texts with `--return-documents`), and the output is written once every document is scored.
     """
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, [*inputs.paths, *([opts.queries] if opts.queries else [])], output.stats_file)
     if opts.top_n < 0:
         raise UsageError(f"--top-n {opts.top_n}: must be 0 (all) or more")
     report = RunReport(quiet=output.quiet)
@@ -322,6 +328,7 @@ def run_rerank(
     runner, scorer = pair_scorer(choice, opts, "rerank")
     keepers = [TopN(opts.top_n) for _ in queries]
     docs = Documents(list(inputs.keep_cols), opts.return_documents)
+    docs.empty()  # refuses a kept column that would shadow a result column, before any work
     progress = report.start_progress(0, flags.log_every)
     try:
         if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)

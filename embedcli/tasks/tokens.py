@@ -17,7 +17,7 @@ from embedcli.io.writers import embedding_array
 from embedcli.pooling import get_activation, resolve_classifier_activation
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -112,8 +112,7 @@ class TokenEmbedCodec:
             "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
             "embeddings": list_of_vectors([k[1] for k in kept], self.width),
         }
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
@@ -182,8 +181,7 @@ class TokenClassifyCodec:
         }
         if self.opts.all_scores:
             columns["probs"] = list_of_vectors(probs, width)
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
@@ -221,7 +219,7 @@ def run_token_embed(
 ) -> int:
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner = token_runner("token_embed", "token-embed", choice, opts)
     model = runner.model
     width = runner.params.dimensions or model.spec.embedding_size
@@ -236,7 +234,7 @@ def run_token_classify(
 ) -> int:
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner = token_runner("token_classify", "token-classify", choice, opts)
     model = runner.model
     names = list(model.spec.id2label)

@@ -41,7 +41,7 @@ def test_read_only_filesystem_is_reported_as_such(cli, st_model: Path, tmp_path:
     monkeypatch.setattr(os, "statvfs", statvfs)
     monkeypatch.setattr(os, "access", access)
     r = cli("embed", _corpus(tmp_path), "-m", st_model, "-o", out_dir / "o.parquet", code=1)
-    assert "read-only filesystem" in r.stderr and "permission denied" not in r.stderr
+    assert "read-only file system" in r.stderr and "permission denied" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
