@@ -136,6 +136,7 @@ class ModelOptions:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
+    sparse_top_k: int | None = None  # SPLADE: keep each vector's k largest entries (default: the model's)
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
@@ -219,6 +220,8 @@ class LoadedModel:
             "base": transformers.AutoModel,
             "sequence_classification": transformers.AutoModelForSequenceClassification,
             "token_classification": transformers.AutoModelForTokenClassification,
+            "lm_score": transformers.AutoModelForCausalLM,
+            "sparse": transformers.AutoModelForMaskedLM,
         }[spec.head]
         try:
             model = auto.from_pretrained(spec.path, **kwargs)
@@ -232,6 +235,12 @@ class LoadedModel:
         classifier: nn.Module | None = None
         if spec.head == "base":
             backbone = model
+        elif spec.head in ("lm_score", "sparse"):
+            from embedcli.models.lm_heads import lm_score_head, mlm_head
+
+            backbone = getattr(model, model.base_model_prefix)
+            # Only the LM head's rows for the score tokens are kept; the [vocab, hidden] head is dropped.
+            classifier = lm_score_head(model, spec) if spec.head == "lm_score" else mlm_head(model, spec)
         else:
             backbone = getattr(model, model.base_model_prefix)
             if spec.head == "sequence_classification":
@@ -250,6 +259,10 @@ class LoadedModel:
     def _build_pooler(self, classifier: nn.Module | None) -> Pooler:
         spec, cfg = self.spec, self.pooler_config
         head_dtype = torch.float32
+        if spec.head in ("lm_score", "sparse"):
+            from embedcli.models.lm_heads import lm_pooler
+
+            return lm_pooler(spec, self.options, classifier)
         if spec.head == "base":
             projector = None
             if spec.projector:

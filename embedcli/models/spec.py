@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
 
 DECODER_TYPES = frozenset(
@@ -34,6 +35,18 @@ _ST_TYPES = {
         "sentence_transformers.models.Transformer",
         "sentence_transformers.base.modules.transformer.Transformer",
     ),
+    # SparseEncoder (SPLADE): a masked-LM transformer (v5 and v6 names; v6 also saves a plain Transformer
+    # with transformer_task "fill-mask") followed by SpladePooling.
+    "mlm_transformer": (
+        "sentence_transformers.sparse_encoder.models.MLMTransformer",
+        "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer",
+    ),
+    "splade_pooling": (
+        "sentence_transformers.sparse_encoder.models.SpladePooling",
+        "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling",
+    ),
+    # CrossEncoder on a causal LM: the score is logit[true] - logit[false] at the last token.
+    "logit_score": ("sentence_transformers.cross_encoder.modules.logit_score.LogitScore",),
 }
 
 
@@ -60,7 +73,7 @@ class ModelSpec:
     path: str
     architecture: str
     model_type: str
-    head: str  # "base" | "sequence_classification" | "token_classification"
+    head: str  # "base" | "sequence_classification" | "token_classification" | "lm_score" | "sparse"
     is_decoder: bool
     hidden_size: int
     max_length: int
@@ -80,6 +93,16 @@ class ModelSpec:
     st_activation: str | None = None
     sentence_transformers_layout: bool = False
     weights: tuple[str, ...] = ()
+    # LLM reranker (head "lm_score"): the scoring tokens (false, true) or (token,), their ids, the pair
+    # template ({query}/{document}/{instruction}; None: the tokenizer's text pair) and its instruction.
+    score_tokens: tuple[str, ...] = ()
+    score_token_ids: tuple[int, ...] = ()
+    pair_template: str | None = None
+    instruction: str | None = None
+    # SPLADE (head "sparse"): max or sum over tokens, relu or log1p_relu, default top-k (ST max_active_dims).
+    sparse_pooling: str | None = None
+    sparse_activation: str | None = None
+    sparse_top_k: int | None = None
     content_hash: str = field(default="", compare=False)
 
     @property
@@ -89,6 +112,10 @@ class ModelSpec:
             return ("classify",)
         if self.head == "token_classification":
             return ("token_classify",)
+        if self.head == "lm_score":
+            return ("classify",)
+        if self.head == "sparse":
+            return ("sparse_embed",)
         return ("embed", "token_embed")
 
     @property
@@ -96,6 +123,10 @@ class ModelSpec:
         """How pairs are scored: cross-encoder, bi-encoder cosine or late interaction (vLLM score types)."""
         if self.head == "sequence_classification":
             return "cross-encoder" if self.num_labels == 1 else None
+        if self.head == "lm_score":
+            return "cross-encoder"
+        if self.head == "sparse":
+            return "sparse"
         if self.head == "base":
             return "bi-encoder"
         return None
@@ -113,6 +144,16 @@ class ModelSpec:
         data = asdict(self)
         data["tasks"] = list(self.tasks)
         data["score_type"] = self.score_type
+        if self.head == "lm_score":
+            from embedcli.models.llm_reranker import score_formula
+
+            data["score_formula"] = score_formula(self.score_tokens)
+        if self.head == "sparse":
+            data["sparse_head"] = (
+                f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
+                f" -> {self.sparse_pooling} over tokens -> {self.embedding_size}-dim sparse vector"
+                + (f", top {self.sparse_top_k}" if self.sparse_top_k else "")
+            )
         return data
 
     def config_hash(self) -> str:
@@ -218,8 +259,12 @@ def load_model_spec(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     max_length: int | None = None,
+    reranker: RerankerFlags | None = None,
 ) -> ModelSpec:
-    """Resolve `model` offline and read its configuration into a `ModelSpec`."""
+    """Resolve `model` offline and read its configuration into a `ModelSpec`.
+
+    `reranker`: flags that turn a causal LM into a yes/no reranker (or override what its checkpoint says).
+    """
     folder = resolve_model_path(model)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -249,6 +294,8 @@ def load_model_spec(
     seq_pooling = "LAST" if is_decoder else "CLS"
     normalize = True
     projector: list[DenseSpec] = []
+    splade: dict[str, Any] | None = None
+    logit_score: dict[str, Any] | None = None
     if st_layout:
         modules = _read_json(modules_path)
         types = [m.get("type", "") for m in modules]
@@ -259,7 +306,11 @@ def load_model_spec(
                 seq_pooling = _st_pooling_type(folder / module["path"] / "config.json")
             elif kind in _ST_TYPES["dense"]:
                 projector.append(_dense_spec(folder, module["path"]))
-            elif kind not in _ST_TYPES["normalize"] + _ST_TYPES["transformer"]:
+            elif kind in _ST_TYPES["splade_pooling"]:
+                splade = _read_json(folder / module["path"] / "config.json")
+            elif kind in _ST_TYPES["logit_score"]:
+                logit_score = _read_json(folder / module["path"] / "config.json")
+            elif kind not in _ST_TYPES["normalize"] + _ST_TYPES["transformer"] + _ST_TYPES["mlm_transformer"]:
                 raise ModelConfigError(f"{modules_path}: module type {kind!r} is not supported")
 
     st_cfg_path = folder / "config_sentence_transformers.json"
@@ -295,6 +346,17 @@ def load_model_spec(
             f"does not match the model's hidden size {hidden}"
         )
 
+    extra: dict[str, Any] = {}
+    if splade is not None:
+        head = "sparse"
+        extra = _splade_fields(folder, architecture, splade, st_cfg)
+        embedding_size = int(config.get("vocab_size") or 0)
+    elif logit_score is not None or (reranker is not None and reranker.given):
+        head = "lm_score"
+        extra = _reranker_fields(folder, architecture, logit_score, reranker or RerankerFlags())
+        num_labels = 1
+        id2label = (extra["score_tokens"][-1],)
+
     return ModelSpec(
         name=str(model) if model else DEFAULT_MODEL,
         path=str(folder),
@@ -313,14 +375,118 @@ def load_model_spec(
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
         prompts=tuple((str(k), str(v)) for k, v in (st_cfg.get("prompts") or {}).items()),
         default_prompt_name=st_cfg.get("default_prompt_name"),
-        similarity_fn_name=str(st_cfg.get("similarity_fn_name") or "cosine"),
-        num_labels=num_labels if head != "base" else 0,
-        id2label=id2label if head != "base" else (),
+        # SparseEncoder's default similarity is the dot product (its config saves null).
+        similarity_fn_name=str(st_cfg.get("similarity_fn_name") or ("dot" if head == "sparse" else "cosine")),
+        num_labels=num_labels if head not in ("base", "sparse") else 0,
+        id2label=id2label if head not in ("base", "sparse") else (),
         problem_type=config.get("problem_type"),
         st_activation=st_ce.get("activation_fn") or config.get("sbert_ce_default_activation_function"),
         sentence_transformers_layout=st_layout,
         weights=weights,
+        **extra,
         content_hash=_hash_files(
             folder, ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector)]
         ),
     )
+
+
+def _splade_fields(folder: Path, architecture: str, cfg: dict[str, Any], st_cfg: dict[str, Any]) -> dict[str, Any]:
+    """SPLADE settings of a sentence-transformers SparseEncoder folder."""
+    where = folder / "modules.json"
+    if not architecture.endswith("ForMaskedLM"):
+        raise ModelConfigError(
+            f"{where}: SpladePooling needs a masked-LM transformer (…ForMaskedLM), this model is {architecture}"
+        )
+    pooling = str(cfg.get("pooling_strategy", "max"))
+    activation = str(cfg.get("activation_function", "relu"))
+    if pooling not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise ModelConfigError(
+            f"{where}: SpladePooling {pooling!r}/{activation!r} is not supported; embedcli runs max or sum over "
+            "relu or log1p_relu"
+        )
+    top_k = st_cfg.get("max_active_dims")
+    return {
+        "sparse_pooling": pooling,
+        "sparse_activation": activation,
+        "sparse_top_k": int(top_k) if isinstance(top_k, int) and top_k > 0 else None,
+    }
+
+
+def _vocabulary(folder: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ModelConfigError(f"{path}: missing; an LLM reranker's score tokens are looked up in tokenizer.json")
+    return Tokenizer.from_file(str(path))
+
+
+def _reranker_fields(
+    folder: Path, architecture: str, logit_score: dict[str, Any] | None, flags: RerankerFlags
+) -> dict[str, Any]:
+    """Score tokens, their ids and the pair template of a causal LM used as a yes/no reranker."""
+    if not architecture.endswith("ForCausalLM"):
+        raise ModelConfigError(
+            f"{folder / 'config.json'}: --classifier-from-tokens / --pair-template / --reranker-preset turn a "
+            f"causal LM (…ForCausalLM) into a reranker; this model is {architecture}"
+        )
+    preset = None
+    if flags.preset is not None:
+        if flags.preset not in PRESETS:
+            raise ModelConfigError(f"--reranker-preset {flags.preset!r}: choose one of {', '.join(PRESETS)}")
+        preset = PRESETS[flags.preset]
+    vocab = _vocabulary(folder)
+    tokens: tuple[str, ...]
+    if flags.classifier_from_tokens:
+        tokens = flags.classifier_from_tokens
+    elif preset is not None:
+        tokens = preset.tokens
+    elif logit_score is not None:
+        true_id, false_id = logit_score.get("true_token_id"), logit_score.get("false_token_id")
+        if not isinstance(true_id, int):
+            raise ModelConfigError(f"{folder}: the LogitScore module has no integer true_token_id")
+        ids = (true_id,) if false_id is None else (int(false_id), true_id)
+        names = tuple(vocab.id_to_token(i) for i in ids)
+        if any(n is None for n in names):
+            raise ModelConfigError(f"{folder}: LogitScore token ids {list(ids)} are not in tokenizer.json")
+        tokens = names  # type: ignore[assignment]
+    else:
+        raise ModelConfigError(
+            f"{folder}: a causal LM reranker needs its score tokens: --classifier-from-tokens no,yes "
+            "(or --reranker-preset)"
+        )
+    if len(tokens) not in (1, 2):
+        raise ModelConfigError(f"--classifier-from-tokens {','.join(tokens)}: give one token or two (false,true)")
+    token_ids = []
+    for token in tokens:
+        token_id = vocab.token_to_id(token)
+        if token_id is None:
+            raise ModelConfigError(f"--classifier-from-tokens: {token!r} is not a token of {folder / 'tokenizer.json'}")
+        token_ids.append(int(token_id))
+    template = flags.pair_template if flags.pair_template is not None else (preset.template if preset else None)
+    if template is None and _has_chat_template(folder):
+        # sentence-transformers 6 renders pairs through the chat template with roles query/document; that
+        # rendering is not reproduced here, so the pair format must be given explicitly.
+        raise ModelConfigError(
+            f"{folder}: the tokenizer has a chat template, which sentence-transformers renders pairs with; "
+            "embedcli does not run chat templates: pass --pair-template (or --reranker-preset)"
+        )
+    if template is not None:
+        try:
+            check_template(template, "--pair-template")
+        except ValueError as e:
+            raise ModelConfigError(str(e)) from None
+    instruction = flags.instruction if flags.instruction is not None else (preset.instruction if preset else None)
+    return {
+        "score_tokens": tuple(tokens),
+        "score_token_ids": tuple(token_ids),
+        "pair_template": template,
+        "instruction": instruction,
+    }
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    tok_cfg = folder / "tokenizer_config.json"
+    return tok_cfg.is_file() and bool(_read_json(tok_cfg).get("chat_template"))
