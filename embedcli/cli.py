@@ -11,6 +11,14 @@ from typing import Any, Literal
 import typer
 
 from embedcli import __version__
+from embedcli.cli_families import (
+    OPT_CLASSIFIER_TOKENS,
+    OPT_INSTRUCTION,
+    OPT_PAIR_TEMPLATE,
+    OPT_PRESET,
+    reranker_flags,
+)
+from embedcli.cli_families import register as register_family_commands
 from embedcli.run_options import unattended
 
 app = typer.Typer(
@@ -332,7 +340,7 @@ def rerank(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
@@ -345,6 +353,10 @@ def rerank(
         help="Add each document's text as a 'text' column.",
     ),
     raw_scores: bool = OPT_RAW_SCORES,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -359,7 +371,10 @@ def rerank(
     _run(
         lambda: run_rerank(
             InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+            ),
             RerankOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, query=query, queries=queries, query_col=query_col,
@@ -399,12 +414,16 @@ def score(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
     truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
     raw_scores: bool = OPT_RAW_SCORES,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -416,7 +435,10 @@ def score(
     _run(
         lambda: run_score(
             InputOptions(inputs, right_col if left is not None else left_col, id_col, _cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+            ),
             ScoreOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, left_col=left_col, right_col=right_col, left=left,
@@ -462,6 +484,7 @@ def classify(
         False, "--all-scores", envvar=_env("all-scores"), rich_help_panel=OUTPUT,
         help="Add 'scores': every label's probability in label-id order (names in the output metadata).",
     ),
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -476,7 +499,10 @@ def classify(
     _run(
         lambda: run_classify(
             InputOptions(inputs, text_col, id_col, _cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, None, None, None),
+            ),
             ClassifyOptions(
                 activation=activation, top_k=top_k, all_scores=all_scores, logit_mean=logit_mean,
                 logit_sigma=logit_sigma, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
@@ -605,13 +631,18 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
 ) -> None:
     """Show what would run for a model: architecture, pooling, normalize, projector, max length, and the tasks
     and commands it supports (asking a model for another task is a usage error, exit 2)."""
     from embedcli.jobs import model_info
 
     def show() -> int:
-        data = model_info(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        reranker = reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset)
+        data = model_info(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, reranker=reranker)
         if as_json:
             json.dump(data, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
@@ -626,6 +657,9 @@ def info(
             "similarity_fn_name", "tasks", "commands", "config_hash",
         ):
             table.add_row(key, str(data.get(key)))
+        for key in ("score_tokens", "score_token_ids", "pair_format", "instruction", "score_formula", "sparse_head"):
+            if data.get(key):  # LLM reranker / SPLADE only
+                table.add_row(key, str(data[key]))
         table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
         table.add_row("prompts", ", ".join(name for name, _ in data["prompts"]) or "none")
         Console().print(table)
@@ -740,6 +774,9 @@ def merge_cmd(
         return 0
 
     _run(go)
+
+
+register_family_commands(app)  # sparse-embed (embedcli.cli_families)
 
 
 def main() -> None:

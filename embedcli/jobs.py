@@ -42,6 +42,7 @@ class ModelChoice:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     quantize: bool = False
+    reranker: Any = None  # embedcli.models.llm_reranker.RerankerFlags: a causal LM as a yes/no reranker
 
 
 @dataclass
@@ -86,6 +87,7 @@ def load(choice: ModelChoice, spec: Any = None, **options: Any):  # type: ignore
             allow_pickle=choice.allow_pickle,
             trust_remote_code=choice.trust_remote_code,
             max_length=choice.max_length,
+            reranker=choice.reranker,
         )
     return LoadedModel(
         spec,
@@ -260,11 +262,13 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def model_info(model: str | None, *, allow_pickle: bool = False, trust_remote_code: bool = False) -> dict[str, Any]:
+def model_info(
+    model: str | None, *, allow_pickle: bool = False, trust_remote_code: bool = False, reranker: Any = None
+) -> dict[str, Any]:
     """What would run for `model`: architecture, pooling, heads, max length, prompts, tasks."""
     from embedcli.models.spec import load_model_spec
 
-    spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, reranker=reranker)
     from embedcli.task_jobs import commands_for
 
     info = spec.to_dict()

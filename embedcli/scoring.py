@@ -13,6 +13,11 @@ How each method scores a (left, right) = (query, document) pair, as vLLM's `/sco
   model's `query` prompt, the document with its `document` (else `passage`, else `corpus`) prompt, as
   sentence-transformers' `encode_query` / `encode_document` — and scored by the cosine of the float32
   vectors (normalization does not change it; `--raw-scores` has no effect).
+- **sparse** (a SPLADE model): query and document are encoded independently into sparse vocabulary vectors
+  (prompts as for cosine); score = their dot product (sentence-transformers' `SparseEncoder.similarity`).
+- **LLM reranker** (a causal LM scored by its yes/no logits): a cross-encoder whose pair is one prompt: the
+  pair template with `{query}`/`{document}` filled in (the document cut so the template's suffix stays), or,
+  without a template, the tokenizer's text pair (for a decoder: query tokens then document tokens).
 - **maxsim** (late interaction, ColBERT style): per-token vectors of both sides (every token, special tokens
   included, L2-normalized unless `--raw-scores`); score = Σ over query tokens of the max over document tokens
   of the dot product, in float32.
@@ -22,12 +27,13 @@ Neither side is stripped of whitespace (CrossEncoder and vLLM keep it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim")
+METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse")
+SparseVector = tuple[np.ndarray, np.ndarray]  # (indices, values), indices sorted and unique
 DOCUMENT_PROMPT_NAMES: tuple[str, ...] = ("document", "passage", "corpus")
 
 
@@ -64,6 +70,21 @@ def maxsim_matrix(queries: Sequence[np.ndarray], docs: Sequence[np.ndarray]) -> 
     for i, q in enumerate(queries):
         for j, d in enumerate(docs):
             out[i, j] = maxsim(q, d)
+    return out
+
+
+def sparse_dot(a: SparseVector, b: SparseVector) -> float:
+    """Dot product of two sparse vectors given as (sorted indices, values), accumulated in float64."""
+    _, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+    return float(np.dot(np.asarray(a[1], np.float64)[ia], np.asarray(b[1], np.float64)[ib]))
+
+
+def sparse_matrix(queries: Sequence[SparseVector], docs: Sequence[SparseVector]) -> np.ndarray:
+    """Sparse dot product of every query against every document → `[q, n]` float32."""
+    out = np.empty((len(queries), len(docs)), dtype=np.float32)
+    for i, q in enumerate(queries):
+        for j, d in enumerate(docs):
+            out[i, j] = sparse_dot(q, d)
     return out
 
 
@@ -112,9 +133,17 @@ def document_prompt(prompts: dict[str, str]) -> str:
 class PairScorer:
     """Scores pairs with one runner: builds the runner's inputs and turns its results into scores."""
 
-    def __init__(self, runner: Any, method: str, prompts: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        method: str,
+        prompts: dict[str, str] | None = None,
+        pair_format: Callable[[str, str], str] | None = None,
+    ) -> None:
         self.runner = runner
         self.method = method
+        # Cross-encoders whose pair is one templated prompt (LLM rerankers); None: a tokenizer text pair.
+        self.pair_format = pair_format
         prompts = prompts or {}
         self.query_prompt = prompts.get("query", "") if method != "cross-encoder" else ""
         self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
@@ -123,6 +152,8 @@ class PairScorer:
     def pair_inputs(self, lefts: Sequence[str], rights: Sequence[str]) -> list[Any]:
         """Runner inputs for the pairs (left_i, right_i)."""
         if self.method == "cross-encoder":
+            if self.pair_format is not None:
+                return [self.pair_format(q, d) for q, d in zip(lefts, rights, strict=True)]
             return list(zip(lefts, rights, strict=True))
         return [self.query_prompt + t for t in lefts] + [self.doc_prompt + t for t in rights]
 
@@ -133,6 +164,8 @@ class PairScorer:
         if self.method == "cosine":
             vectors = np.asarray(result)
             return cosine_pairs(vectors[:n], vectors[n:])
+        if self.method == "sparse":
+            return np.asarray([sparse_dot(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
         return np.asarray([maxsim(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
 
     # -- queries against documents -----------------------------------------------------------------
@@ -148,6 +181,8 @@ class PairScorer:
     def doc_inputs(self, queries: Sequence[str], docs: Sequence[str]) -> list[Any]:
         """Runner inputs scoring every query against `docs` (cross-encoders: all query x doc pairs, query-major)."""
         if self.method == "cross-encoder":
+            if self.pair_format is not None:
+                return [self.pair_format(q, d) for q in queries for d in docs]
             return [(q, d) for q in queries for d in docs]
         return [self.doc_prompt + d for d in docs]
 
@@ -157,4 +192,6 @@ class PairScorer:
             return np.asarray(result, dtype=np.float32).reshape(num_queries, num_docs, -1)[..., 0]
         if self.method == "cosine":
             return cosine_matrix(encoded_queries, np.asarray(result))
+        if self.method == "sparse":
+            return sparse_matrix(encoded_queries, list(result))
         return maxsim_matrix(encoded_queries, list(result))

@@ -35,7 +35,7 @@ from embedcli.jobs import (
 )
 
 ACTIVATIONS: tuple[str, ...] = ("auto", "softmax", "sigmoid", "none")
-PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed"}
+PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed", "sparse": "sparse_embed"}
 
 
 # -- models and tasks ------------------------------------------------------------------------------
@@ -50,6 +50,8 @@ def commands_for(spec: Any) -> list[str]:
         commands.append("classify")
     if "token_classify" in spec.tasks:
         commands.append("token-classify")
+    if "sparse_embed" in spec.tasks:
+        commands.append("sparse-embed")
     return commands
 
 
@@ -72,6 +74,7 @@ def load_spec(choice: ModelChoice) -> Any:
         allow_pickle=choice.allow_pickle,
         trust_remote_code=choice.trust_remote_code,
         max_length=choice.max_length,
+        reranker=choice.reranker,
     )
 
 
@@ -648,6 +651,10 @@ def resolve_method(spec: Any, method: str, command: str) -> str:
             return "cross-encoder"
         if spec.score_type == "bi-encoder":
             return "cosine"
+        if spec.score_type == "sparse":
+            return "sparse"
+    elif method == "sparse" and spec.score_type == "sparse":
+        return method
     elif method == "cross-encoder" and spec.score_type == "cross-encoder":
         return method
     elif method in ("cosine", "maxsim") and spec.head == "base":
@@ -657,6 +664,8 @@ def resolve_method(spec: Any, method: str, command: str) -> str:
         "cross-encoder, which needs exactly one label",
         "token_classification": "a token classifier cannot score pairs",
         "base": "an embedding model scores pairs by cosine or maxsim, not as a cross-encoder",
+        "lm_score": "an LLM reranker scores pairs as a cross-encoder",
+        "sparse": "a sparse (SPLADE) model scores pairs by the sparse dot product",
     }[spec.head]
     raise UsageError(f"{command}: model {spec.name!r} cannot score pairs with method {method!r}: {why}; {_can_do(spec)}")
 
@@ -680,7 +689,10 @@ def _pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[
             strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
         ),
     )
-    return model, runner, PairScorer(runner, method, dict(spec.prompts))
+    from embedcli.models.llm_reranker import pair_formatter
+
+    pair_format = pair_formatter(model, runner.max_length, truncate=opts.long_inputs == "truncate")
+    return model, runner, PairScorer(runner, method, dict(spec.prompts), pair_format)
 
 
 def run_score(inputs: InputOptions, choice: ModelChoice, opts: ScoreOptions, output: OutputOptions) -> int:

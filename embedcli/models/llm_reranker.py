@@ -144,3 +144,12 @@ class PairTemplate:
         # Not even an empty document fits: cut the query as well, keeping the template's own text.
         fitted = self._fit(lambda q: self.fill(q, ""), query)
         return fitted if fitted is not None else self.fill(query, "")
+
+
+def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
+    """`render(query, document) -> prompt` for a loaded LLM reranker with a pair template, else None."""
+    spec = model.spec
+    if spec.head != "lm_score" or spec.pair_template is None:
+        return None
+    template = PairTemplate(spec.pair_template, spec.instruction, model.tokenizer, max_length)
+    return lambda query, document: template.render(query, document, truncate=truncate)

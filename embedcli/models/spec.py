@@ -148,6 +148,10 @@ class ModelSpec:
             from embedcli.models.llm_reranker import score_formula
 
             data["score_formula"] = score_formula(self.score_tokens)
+            data["pair_format"] = (
+                f"template {self.pair_template!r}" if self.pair_template is not None
+                else "the tokenizer's text pair (a decoder: query tokens then document tokens)"
+            )
         if self.head == "sparse":
             data["sparse_head"] = (
                 f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
