@@ -102,6 +102,12 @@ class PairTemplate:
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_truncation()
         self._tok.no_padding()
+        bare = self._length(self.fill("", ""))
+        if bare > max_length:
+            raise ValueError(
+                f"the pair template alone is {bare} tokens, over the max length {max_length}: no document "
+                "would fit; shorten the template or the instruction, or raise --max-length"
+            )
 
     def fill(self, query: str, document: str) -> str:
         """The template with the fields filled in (no truncation)."""
@@ -151,5 +157,10 @@ def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
     spec = model.spec
     if spec.head != "lm_score" or spec.pair_template is None:
         return None
-    template = PairTemplate(spec.pair_template, spec.instruction, model.tokenizer, max_length)
+    from embedcli.models.spec import ModelConfigError
+
+    try:
+        template = PairTemplate(spec.pair_template, spec.instruction, model.tokenizer, max_length)
+    except ValueError as e:
+        raise ModelConfigError(f"{spec.path}: {e}") from None
     return lambda query, document: template.render(query, document, truncate=truncate)
