@@ -65,3 +65,20 @@ def test_incremental_recomputes_only_the_changed_row(cli, splade, tmp_path) -> N
     full = tmp_path / "full.parquet"
     cli("sparse-embed", corpus2, "-m", splade, "-o", full, "--shard-rows", 20, "-q")
     _same(day2, full)
+
+
+def test_ray_engine_output_equals_local_output(cli, splade, tmp_path) -> None:
+    ray = pytest.importorskip("ray")
+    import logging
+
+    corpus = _corpus(tmp_path / "c.jsonl")
+    local, remote = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    cli("sparse-embed", corpus, "-m", splade, "-o", local, "--shard-rows", 20, "-q")
+    ray.init(num_cpus=1, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        cli("sparse-embed", corpus, "-m", splade, "-o", remote, "--shard-rows", 20, "--engine", "ray",
+            "--workers", 1, "-q")
+    finally:
+        ray.shutdown()
+    _same(remote, local)
+    assert pq.read_metadata(remote).metadata[b"embedcli.config"] == pq.read_metadata(local).metadata[b"embedcli.config"]
