@@ -50,6 +50,12 @@ _ST_TYPES = {
 }
 
 
+_FAMILY_FIELDS = (
+    "score_tokens", "score_token_ids", "pair_template", "instruction", "sparse_pooling", "sparse_activation",
+    "sparse_top_k",
+)
+
+
 class ModelConfigError(ValueError):
     """A model folder embedcli cannot serve, with the file at fault and the fix."""
 
@@ -165,6 +171,11 @@ class ModelSpec:
         data = self.to_dict()
         for volatile in ("name", "path"):
             data.pop(volatile)
+        # Fields of the LLM-reranker and SPLADE heads are left out while unset, so every other model keeps
+        # the hash (and its outputs stay resumable and --incremental) across this addition.
+        for key in _FAMILY_FIELDS:
+            if data.get(key) in (None, (), []):
+                data.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
