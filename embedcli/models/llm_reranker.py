@@ -152,15 +152,40 @@ class PairTemplate:
         return fitted if fitted is not None else self.fill(query, "")
 
 
+_QUERY_MARK, _DOCUMENT_MARK = "EMBEDCLIQUERYMARK", "EMBEDCLIDOCUMENTMARK"
+
+
+def chat_pair_template(hf_tokenizer: Any, kwargs: dict[str, Any]) -> str:
+    """The tokenizer's chat template over messages [query, document] (sentence-transformers 6's pair
+    rendering, "flat" content) as a `{query}` / `{document}` template: rendered once with marker texts."""
+    messages = [{"role": "query", "content": _QUERY_MARK}, {"role": "document", "content": _DOCUMENT_MARK}]
+    try:
+        text = hf_tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception as e:  # jinja errors of a template that cannot take the query/document roles
+        raise ValueError(f"the chat template cannot render a query/document pair ({e})") from e
+    if text.count(_QUERY_MARK) != 1 or text.count(_DOCUMENT_MARK) != 1:
+        raise ValueError("the chat template does not place the query and the document once each, verbatim")
+    text = text.replace("{", "{{").replace("}", "}}")
+    return text.replace(_QUERY_MARK, "{query}").replace(_DOCUMENT_MARK, "{document}")
+
+
 def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
     """`render(query, document) -> prompt` for a loaded LLM reranker with a pair template, else None."""
     spec = model.spec
-    if spec.head != "lm_score" or spec.pair_template is None:
+    if spec.head != "lm_score" or (spec.pair_template is None and spec.pair_chat_template is None):
         return None
     from embedcli.models.spec import ModelConfigError
 
     try:
-        template = PairTemplate(spec.pair_template, spec.instruction, model.tokenizer, max_length)
+        source = spec.pair_template
+        if source is None:
+            source = chat_pair_template(model.hf_tokenizer, dict(spec.pair_chat_template))
+            # apply_chat_template tokenizes without the tokenizer's own special tokens; the runner adds them.
+            tok = model.tokenizer
+            if len(tok.encode("a").ids) != len(tok.encode("a", add_special_tokens=False).ids):
+                raise ValueError("the tokenizer adds special tokens (e.g. BOS) that a chat-template render "
+                                 "leaves out; pass --pair-template instead")
+        template = PairTemplate(source, spec.instruction, model.tokenizer, max_length)
     except ValueError as e:
         raise ModelConfigError(f"{spec.path}: {e}") from None
     return lambda query, document: template.render(query, document, truncate=truncate)

@@ -51,8 +51,8 @@ _ST_TYPES = {
 
 
 _FAMILY_FIELDS = (
-    "score_tokens", "score_token_ids", "pair_template", "instruction", "sparse_pooling", "sparse_activation",
-    "sparse_top_k",
+    "score_tokens", "score_token_ids", "pair_template", "instruction", "pair_chat_template", "sparse_pooling",
+    "sparse_activation", "sparse_top_k",
 )
 
 
@@ -105,6 +105,9 @@ class ModelSpec:
     score_token_ids: tuple[int, ...] = ()
     pair_template: str | None = None
     instruction: str | None = None
+    # (sentence-transformers 6 "message" modality): pairs rendered by the tokenizer's chat template with these
+    # apply_chat_template kwargs; None: not a chat-template reranker.
+    pair_chat_template: tuple[tuple[str, Any], ...] | None = None
     # SPLADE (head "sparse"): max or sum over tokens, relu or log1p_relu, default top-k (ST max_active_dims).
     sparse_pooling: str | None = None
     sparse_activation: str | None = None
@@ -154,10 +157,15 @@ class ModelSpec:
             from embedcli.models.llm_reranker import score_formula
 
             data["score_formula"] = score_formula(self.score_tokens)
-            data["pair_format"] = (
-                f"template {self.pair_template!r}" if self.pair_template is not None
-                else "the tokenizer's text pair (a decoder: query tokens then document tokens)"
-            )
+            if self.pair_template is not None:
+                data["pair_format"] = f"template {self.pair_template!r}"
+            elif self.pair_chat_template is not None:
+                data["pair_format"] = (
+                    "the tokenizer's chat template, messages [query, document] "
+                    f"(apply_chat_template kwargs {dict(self.pair_chat_template)})"
+                )
+            else:
+                data["pair_format"] = "the tokenizer's text pair (a decoder: query tokens then document tokens)"
         if self.head == "sparse":
             data["sparse_head"] = (
                 f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
@@ -400,7 +408,10 @@ def load_model_spec(
         weights=weights,
         **extra,
         content_hash=_hash_files(
-            folder, ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector)]
+            folder,
+            ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector),
+             # An LLM reranker's prompt can come from these files (chat template and its kwargs).
+             *(("chat_template.jinja", "tokenizer_config.json", "sentence_bert_config.json") if head == "lm_score" else ())],
         ),
     )
 
@@ -479,13 +490,9 @@ def _reranker_fields(
             raise ModelConfigError(f"--classifier-from-tokens: {token!r} is not a token of {folder / 'tokenizer.json'}")
         token_ids.append(int(token_id))
     template = flags.pair_template if flags.pair_template is not None else (preset.template if preset else None)
-    if template is None and _has_chat_template(folder):
-        # sentence-transformers 6 renders pairs through the chat template with roles query/document; that
-        # rendering is not reproduced here, so the pair format must be given explicitly.
-        raise ModelConfigError(
-            f"{folder}: the tokenizer has a chat template, which sentence-transformers renders pairs with; "
-            "embedcli does not run chat templates: pass --pair-template (or --reranker-preset)"
-        )
+    chat_kwargs: dict[str, Any] | None = None
+    if template is None and logit_score is not None:
+        chat_kwargs = _st_chat_pairs(folder)
     if template is not None:
         try:
             check_template(template, "--pair-template")
@@ -497,11 +504,24 @@ def _reranker_fields(
         "score_token_ids": tuple(token_ids),
         "pair_template": template,
         "instruction": instruction,
+        "pair_chat_template": None if chat_kwargs is None else tuple(sorted(chat_kwargs.items())),
     }
 
 
-def _has_chat_template(folder: Path) -> bool:
-    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
-        return True
-    tok_cfg = folder / "tokenizer_config.json"
-    return tok_cfg.is_file() and bool(_read_json(tok_cfg).get("chat_template"))
+def _st_chat_pairs(folder: Path) -> dict[str, Any] | None:
+    """sentence-transformers 6 renders a pair through the tokenizer's chat template (roles query, document)
+    when its Transformer config lists the "message" modality; the `apply_chat_template` kwargs it passes
+    (its `processing_kwargs.chat_template`, minus the size keys and `restore_suffix`), else None."""
+    path = folder / "sentence_bert_config.json"
+    cfg = _read_json(path) if path.is_file() else {}
+    if "message" not in (cfg.get("modality_config") or {}):
+        return None  # pairs are a tokenizer text pair, whatever chat template the tokenizer has
+    fmt = (cfg["modality_config"]["message"] or {}).get("format", "flat")
+    if fmt != "flat":
+        raise ModelConfigError(f"{path}: message format {fmt!r} is not supported (embedcli renders 'flat' messages)")
+    kwargs = dict(((cfg.get("processing_kwargs") or {}).get("chat_template")) or {})
+    for key in ("restore_suffix", "padding", "truncation", "max_length", "return_tensors"):
+        kwargs.pop(key, None)
+    if not all(isinstance(v, (str, int, float, bool)) or v is None for v in kwargs.values()):
+        raise ModelConfigError(f"{path}: chat_template kwargs {sorted(kwargs)} must be plain values")
+    return kwargs

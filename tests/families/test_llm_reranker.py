@@ -228,3 +228,54 @@ def test_reranker_flags_on_an_encoder_are_refused(cli, tiny_model, tmp_path) -> 
     result = cli("score", _pairs_file(tmp_path), "-m", tiny_model("bert"), "--classifier-from-tokens", "no,yes",
                  "-o", tmp_path / "x.parquet", code=1)
     assert "causal LM" in result.stderr
+
+
+CHAT_TEMPLATE = (
+    "judge : {% for m in messages %}{% if m['role'] == 'query' %}query : {{ m['content'] }} "
+    "{% elif m['role'] == 'document' %}document : {{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %} answer yes or no :{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_reranker(rerankers, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CrossEncoder saved from a causal LM whose tokenizer has a chat template: sentence-transformers 6 then
+    lists the "message" modality and renders each pair as messages [query, document]; here with
+    add_generation_prompt on (its processing_kwargs), so the template has a suffix after the document."""
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+
+    from tests.fixtures.tiny_models import edit_json
+
+    plain, _ = rerankers["qwen3"]
+    root = tmp_path_factory.mktemp("chat_reranker")
+    source = Path(shutil.copytree(plain, root / "plain"))
+    (source / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    saved = root / "saved"
+    CrossEncoder(str(source), device="cpu").save_pretrained(str(saved))
+    edit_json(saved / "sentence_bert_config.json",
+              lambda c: c.update(processing_kwargs={"chat_template": {"add_generation_prompt": True}}))
+    return saved
+
+
+@pytest.mark.parametrize("max_length", [128, 40])  # 40: the long pairs are cut, the suffix kept
+def test_chat_template_checkpoint_equals_crossencoder(cli, chat_reranker, tmp_path, max_length) -> None:
+    from sentence_transformers import CrossEncoder
+
+    cli("score", _pairs_file(tmp_path), "-m", chat_reranker, "--max-length", max_length, "-o", tmp_path / "c.parquet",
+        "-q")
+    got = _scores(tmp_path / "c.parquet")
+    oracle = CrossEncoder(str(chat_reranker), device="cpu", max_length=max_length).predict(PAIRS)
+    np.testing.assert_allclose(got, oracle, rtol=0, atol=1e-5)
+    if max_length == 128:  # and the same as scoring the rendered chat by hand
+        ref = Reference(chat_reranker)
+        want = [ref.prompt(CHAT_TEMPLATE.replace("{% if add_generation_prompt %} answer yes or no :{% endif %}",
+                                                 " answer yes or no :")
+                           .replace("{% for m in messages %}{% if m['role'] == 'query' %}query : {{ m['content'] }} "
+                                    "{% elif m['role'] == 'document' %}document : {{ m['content'] }}{% endif %}"
+                                    "{% endfor %}", f"query : {q} document : {d}"))
+                for q, d in PAIRS]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    data = json.loads(cli("info", chat_reranker, "--json").stdout)
+    assert "chat template" in data["pair_format"] and "add_generation_prompt" in data["pair_format"]
