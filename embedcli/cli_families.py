@@ -19,7 +19,8 @@ OPT_PAIR_TEMPLATE = typer.Option(
     None, "--pair-template", envvar="EMBEDCLI_PAIR_TEMPLATE", rich_help_panel=MODEL,
     help="LLM reranker prompt with {query}, {document} and optional {instruction}; a pair over --max-length "
     "has its document cut so the template's text after {document} always stays. Default: the preset's, else "
-    "the tokenizer's text pair (query tokens then document tokens).",
+    "the checkpoint's (sentence-transformers 6 with the message modality: the tokenizer's chat template over "
+    "messages [query, document]), else the tokenizer's text pair (query tokens then document tokens).",
 )
 OPT_INSTRUCTION = typer.Option(
     None, "--instruction", envvar="EMBEDCLI_INSTRUCTION", rich_help_panel=MODEL,
