@@ -153,20 +153,17 @@ def run_bench(
     """Time every contender on the same texts, model, max length and threads."""
     import torch
 
-    from embedcli.jobs import (
-        EmbedOptions,
-        InputOptions,
-        ModelChoice,
-        OutputOptions,
-        load,
-        peak_rss_mb,
-        run_embed,
-    )
-    from embedcli.runner import Runner, RunnerOptions
+    from embedcli.compute.runner import Runner, RunnerOptions
+    from embedcli.models.loader import LoadedModel
+    from embedcli.run.report import peak_rss_mb
+    from embedcli.run.source import InputOptions
+    from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec
+    from embedcli.tasks.embed import EmbedOptions, run_embed
 
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    loaded = load(ModelChoice(model=model, device="cpu", dtype=dtype))
+    choice = ModelChoice(model=model, device="cpu", dtype=dtype)
+    loaded = LoadedModel(load_spec(choice), choice.options())
     spec = loaded.spec
     runner = Runner(loaded, RunnerOptions(max_batch_tokens=max_batch_tokens))
     lengths = [len(e.ids) for e in loaded.tokenizer.encode_batch([t.strip() for t in texts])]

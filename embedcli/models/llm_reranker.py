@@ -174,7 +174,7 @@ def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
     spec = model.spec
     if spec.head != "lm_score" or (spec.pair_template is None and spec.pair_chat_template is None):
         return None
-    from embedcli.models.spec import ModelConfigError
+    from embedcli.errors import ModelConfigError
 
     try:
         source = spec.pair_template

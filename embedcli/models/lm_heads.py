@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from embedcli.models.spec import ModelConfigError, ModelSpec
+from embedcli.errors import ModelConfigError
+from embedcli.models.spec import ModelSpec
 from embedcli.pooling import (
     DispatchPooler,
     Pooler,

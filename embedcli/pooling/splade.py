@@ -14,8 +14,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from embedcli.errors import PoolingConfigError
 from embedcli.pooling.metadata import PoolingMetadata
-from embedcli.pooling.params import PoolingConfigError
 from embedcli.pooling.poolers import Pooler
 
 SpladeReduce = Literal["max", "sum"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embedcli.pooling.params import PoolingConfigError
+from embedcli.errors import PoolingConfigError
 
 
 class TokenLogitScore(nn.Module):

@@ -175,10 +175,10 @@ def test_pooler_chunks_straddling_sequences_equal_the_unchunked_reference(reduce
 
 def test_a_256_token_batch_never_holds_tokens_by_vocab_logits_at_once(splade_models) -> None:
     """The MLM head (the only producer of [tokens, vocab] tensors) sees at most the chunk size per call."""
+    from embedcli.compute.runner import Runner, RunnerOptions
     from embedcli.models.loader import LoadedModel, ModelOptions
     from embedcli.models.spec import load_model_spec
     from embedcli.pooling.splade import DEFAULT_CHUNK_TOKENS
-    from embedcli.runner import Runner, RunnerOptions
 
     model = LoadedModel(load_model_spec(str(splade_models["max"])), ModelOptions(device="cpu", dtype="float32"))
     runner = Runner(model, RunnerOptions(task="sparse_embed", max_batch_tokens=4096))
