@@ -226,7 +226,14 @@ def _classifier_activation_name(info: dict[str, Any]) -> str:
 
 def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
     """`embedcli info` rows: pooling, prompt handling, activation, similarity, each with its source."""
+    if info.get("head") == "sparse":
+        return [
+            ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
+            ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+        ]
     rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]
+    if info.get("head") == "lm_score":  # its activation is the score formula, shown on its own row
+        return rows
     if info.get("head") == "base":
         prompt = "included in pooling" if info["include_prompt"] else "excluded from pooling (include_prompt=false)"
         rows.append(("prompt tokens", f"{prompt} ({info['pooling_source'].split(':')[0]})"))
