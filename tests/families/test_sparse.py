@@ -198,3 +198,12 @@ def test_a_256_token_batch_never_holds_tokens_by_vocab_logits_at_once(splade_mod
     peak_logits_bytes = max(c[0] for c in calls) * vocab * 4
     assert peak_logits_bytes < tokens * vocab * 4
     assert len(results) == len(texts)
+
+
+def test_info_shows_splade_pooling_and_dot_similarity(cli, splade_models) -> None:
+    data = json.loads(cli("info", splade_models["sum"], "--json").stdout)
+    assert data["head"] == "sparse" and "sparse-embed" in data["commands"]
+    assert data["choices"] == {
+        "pooling": "SPLADE sum of relu (modules.json: SpladePooling)",
+        "similarity": "dot (default (dot, as SparseEncoder))",
+    }
