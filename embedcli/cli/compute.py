@@ -161,6 +161,12 @@ def rerank(
         False, "--return-documents", envvar=env("return-documents"), rich_help_panel=OUTPUT,
         help="Add each document's text as a 'text' column.",
     ),
+    group_col: str | None = typer.Option(
+        None, "--group-col", envvar=env("group-col"), rich_help_panel=INPUT,
+        help="Grouped candidates: each row is scored only against the query whose id is in this column, e.g. "
+        "`embedcli search v.parquet --queries q.jsonl --keep-cols text -o - | embedcli rerank - --queries q.jsonl "
+        "--group-col query_id ...`.",
+    ),
     raw_scores: bool = OPT_RAW_SCORES,
     classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
     pair_template: str | None = OPT_PAIR_TEMPLATE,
@@ -188,7 +194,7 @@ def rerank(
             RerankOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, query=query, queries=queries, query_col=query_col,
-                query_id_col=query_id_col, top_n=top_n, return_documents=return_documents,
+                query_id_col=query_id_col, top_n=top_n, return_documents=return_documents, group_col=group_col,
             ),
             OutputOptions(output, output_format, quiet, stats),
         )

@@ -35,13 +35,13 @@ OPT_FORMAT = typer.Option(
 )
 OPT_MODEL = typer.Option(
     None, "-m", "--model", envvar=env("model"), rich_help_panel=MODEL,
-    help="Local model folder or model id resolved offline (hub cache or an installed package). "
-    "Default: sentence-transformers/all-MiniLM-L6-v2.",
+    help="Local model folder or Hub id (org/model[@revision]): a folder, the hub cache or an installed package "
+    "first; else downloaded (safetensors only) unless HF_HUB_OFFLINE is set. Default: sentence-transformers/all-MiniLM-L6-v2.",
 )
 OPT_DEVICE = typer.Option("auto", "--device", envvar=env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_DTYPE = typer.Option(
     "auto", "--dtype", envvar=env("dtype"), rich_help_panel=MODEL,
-    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX), else float32). Use float32 for bit-level parity with sentence-transformers.",
+    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX) where the model passes its parity probe against float32 (decided once per model and cached; `embedcli info` shows it), else float32). Use float32 for bit-level parity with sentence-transformers.",
 )
 OPT_PICKLE = typer.Option(
     False, "--allow-pickle", envvar=env("allow-pickle"), rich_help_panel=MODEL, help="Allow loading pickle (.bin) weights; off: safetensors only."

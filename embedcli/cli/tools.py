@@ -47,7 +47,7 @@ def info(
         for key in (
             "name", "path", "architecture", "model_type", "head", "seq_pooling_type", "normalize",
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
-            "tasks", "commands", "config_hash",
+            "tasks", "commands", "config_hash", "dtype_auto",
         ):
             table.add_row(key, str(data.get(key)))
         for key, value in data["choices"].items():
@@ -74,15 +74,18 @@ def bench(
     text_col: str = OPT_TEXT_COL,
     limit: int | None = typer.Option(None, "--limit", help="Use only the first N texts."),
     threads: int | None = typer.Option(None, "--threads", help="Torch threads for every contender (default: all cores)."),
-    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16."),
+    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16, auto (parity-probed)."),
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     no_transformers: bool = typer.Option(False, "--no-transformers", help="Skip the plain-transformers contender."),
+    no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX Runtime float32 contender (extra: onnx)."),
+    no_startup: bool = typer.Option(False, "--no-startup", help="Skip the start-up timings of fresh processes."),
     mixed: bool = typer.Option(
         False, "--mixed", help="Default corpus as mixed lengths: headlines, first paragraphs and whole articles in turn."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Time embedcli end to end (file in, Parquet out) against sentence-transformers and transformers, same threads."""
+    """Time embedcli end to end (file in, Parquet out) against sentence-transformers, transformers and ONNX Runtime,
+    same threads; then the start-up of fresh processes on a one-row file."""
     from embedcli.bench import bbc_mixed_texts, bbc_texts, format_report, read_texts, run_bench
 
     def go() -> int:
@@ -93,6 +96,7 @@ def bench(
         report = run_bench(
             texts, model=model, corpus_name=corpus or ("bbc mixed lengths" if mixed else "bbc articles"), threads=threads, dtype=dtype,
             max_batch_tokens=max_batch_tokens, include_transformers=not no_transformers,
+            include_onnx=not no_onnx, include_startup=not no_startup,
             log=lambda s: typer.echo(f"bench: {s}", err=True),
         )
         if as_json:

@@ -381,11 +381,11 @@ def load_model_spec(
     max_length: int | None = None,
     reranker: RerankerFlags | None = None,
 ) -> ModelSpec:
-    """Resolve `model` offline and read its configuration into a `ModelSpec`.
+    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`.
 
     `reranker`: flags that turn a causal LM into a yes/no reranker (or override what its checkpoint says).
     """
-    folder = resolve_model_path(model)
+    folder = resolve_model_path(model, allow_pickle=allow_pickle)
     base = _read_base_config(folder, trust_remote_code)
     weights = _weights(folder, allow_pickle)
     mods = _read_modules(folder, base)

@@ -138,6 +138,8 @@ def provenance(model: LoadedModel, runner: Runner, extra: dict[str, Any] | None 
         "embedcli.config": config_json,
         "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
         "embedcli.dtype": resolved["dtype"],
+        # Outside the config hash: how `auto` was resolved does not change what a resumed run must match.
+        "embedcli.dtype_reason": getattr(model, "dtype_reason", ""),
     }
 
 

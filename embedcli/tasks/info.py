@@ -6,6 +6,7 @@ from typing import Any
 
 from embedcli.compute.choice import commands_for
 from embedcli.models.llm_reranker import RerankerFlags
+from embedcli.models.precision import auto_dtype_summary
 from embedcli.models.spec import load_model_spec
 from embedcli.models.st_config import model_choices
 
@@ -23,4 +24,5 @@ def model_info(
     info["choices"] = dict(model_choices(info))
     info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
+    info["dtype_auto"] = auto_dtype_summary(spec)
     return info

@@ -32,7 +32,9 @@ from embedcli.io.manifest import (
 )
 from embedcli.io.writers import output_format
 
-PROVENANCE_KEYS = ("embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype")
+PROVENANCE_KEYS = (
+    "embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype", "embedcli.dtype_reason"
+)
 
 
 def _loads(value: str | None) -> Any:
@@ -230,7 +232,7 @@ def format_report(report: dict[str, Any]) -> list[tuple[str, str]]:
             value = report[key]
             lines.append((key, ", ".join(value) if isinstance(value, list) else str(value)))
     prov = report.get("provenance") or {}
-    for key in ("model", "version", "dtype"):
+    for key in ("model", "version", "dtype", "dtype_reason"):
         if prov.get(key):
             lines.append((key, str(prov[key])))
     for fp in report.get("inputs") or []:

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +23,7 @@ from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.progress import Progress
 from embedcli.run.report import RunReport, peak_rss_mb, write_stats
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns, null_text_error
 from embedcli.run.target import check_target
 from embedcli.scoring import METHODS, PairScorer, TopN
 from embedcli.tasks.common import (
@@ -70,6 +70,20 @@ class RerankOptions(PairOptions):
     query_id_col: str | None = None
     top_n: int = 0
     return_documents: bool = False
+    group_col: str | None = None  # each row is a candidate of the query whose id is in this column
+
+
+class QueryChoice(Protocol):
+    """Where a command's queries come from: `--query TEXT` or `--queries FILE` (and its columns)."""
+
+    @property
+    def query(self) -> str | None: ...
+    @property
+    def queries(self) -> str | None: ...
+    @property
+    def query_col(self) -> str: ...
+    @property
+    def query_id_col(self) -> str | None: ...
 
 
 def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
@@ -184,10 +198,10 @@ def run_score(
 
 
 # -- rerank --------------------------------------------------------------------------------------------
-def read_queries(opts: RerankOptions) -> list[tuple[str, str]]:
+def read_queries(opts: QueryChoice, command: str = "rerank") -> list[tuple[str, str]]:
     """(id, text) of `--query` or of every row of `--queries FILE`."""
     if (opts.query is None) == (opts.queries is None):
-        raise UsageError("rerank needs exactly one of --query TEXT or --queries FILE")
+        raise UsageError(f"{command} needs exactly one of --query TEXT or --queries FILE")
     if opts.query is not None:
         return [("query", opts.query)]
     out: list[tuple[str, str]] = []
@@ -239,6 +253,43 @@ class Documents:
         return self.table("", np.zeros(0, np.float32), np.zeros(0, np.int64))
 
 
+def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
+    """Per row of a grouped-candidates batch, the position of its query in --queries (InputError if unknown)."""
+    out = np.empty(len(batch.ids), dtype=np.int64)
+    for j, (loc, rid, qid) in enumerate(zip(batch.locations, batch.ids, batch.extra_texts[col], strict=True)):
+        if qid is None:
+            raise null_text_error(batch, j)
+        if qid not in q_index:
+            raise InputError(batch.source, f"{col} {qid!r} is not the id of a query in --query/--queries",
+                             location=loc, record_id=rid, fix="pass the --queries file the candidates were searched with")
+        out[j] = q_index[qid]
+    return out
+
+
+def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, group_col: str,
+                  queries: list[tuple[str, str]], keepers: list[TopN], docs: Documents, progress: Progress) -> None:
+    """Score each candidate row against its own query only (the one named in `group_col`)."""
+    q_index = {q: i for i, (q, _) in enumerate(queries)}
+    held: deque[tuple[int, np.ndarray]] = deque()
+
+    def runner_inputs() -> Iterator[RowInputs]:
+        for batch in BatchSource(inputs, (group_col,)):
+            groups = _query_of_rows(batch, group_col, q_index)
+            held.append((docs.add(batch), groups))
+            pairs = scorer.pair_inputs([queries[g][1] for g in groups], batch.texts)
+            yield RowInputs(pairs, batch, row_of=lambda i, n=len(groups): i % n)
+
+    for result in runner.map(runner_inputs()):
+        base, groups = held.popleft()
+        n = len(groups)
+        scores = scorer.pair_scores(result, n)
+        index = np.arange(base, base + n)
+        for qi in np.unique(groups):
+            mine = groups == qi
+            keepers[qi].add(scores[mine], index[mine])
+        progress.update(n, runner.stats.tokens)
+
+
 def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: list[str], keepers: list[TopN],
           docs: Documents, progress: Progress) -> None:
     """Score every document against every query, keeping each query's best (`keepers`)."""
@@ -283,7 +334,9 @@ def run_rerank(
     docs = Documents(list(inputs.keep_cols), opts.return_documents)
     progress = report.start_progress(0, flags.log_every)
     try:
-        if queries:
+        if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)
+            _rank_grouped(runner, scorer, inputs, opts.group_col, queries, keepers, docs, progress)
+        elif queries:
             _rank(runner, scorer, inputs, [t for _, t in queries], keepers, docs, progress)
     finally:
         progress.close()
@@ -293,7 +346,7 @@ def run_rerank(
     tables = tables or [docs.empty()]
     meta = provenance(runner.model, runner, {
         "method": scorer.method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
-        "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt,
+        "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt, "group_col": opts.group_col,
     })
     _write_all(output, tables, meta)
     report.seconds["write"] = time.perf_counter() - t0

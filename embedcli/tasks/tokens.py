@@ -202,7 +202,7 @@ def token_runner(task: str, command: str, choice: ModelChoice, opts: TokenOption
     # must select *label* columns, as in vLLM where a reward model's forward already ends in its score head:
     # here the classifier is part of the head, so the columns are selected after it (`LabelColumns`) and
     # the activation runs on the kept columns only.
-    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id}
+    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id, "task": task}
     if task == "token_classify":
         mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
         act = "none" if opts.returned_token_ids else activation(opts.activation)
