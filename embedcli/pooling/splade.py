@@ -93,9 +93,11 @@ class SpladePooler(Pooler):
         out: list[SparseVector] = []
         carry: torch.Tensor | None = None  # running vector of the sequence still open at the last slice's end
         seq = 0
+        # `--dtype auto` may settle on a bf16 backbone while the head keeps the float32 weights it was loaded with.
+        head_dtype = next(self.mlm_head.parameters()).dtype
         for start in range(0, total, self.chunk_tokens):
             end = min(start + self.chunk_tokens, total)
-            act = splade_activation(self.mlm_head(hidden_states[start:end]), self.activation)
+            act = splade_activation(self.mlm_head(hidden_states[start:end].to(head_dtype)), self.activation)
             while seq < num_seqs and bounds[seq] < end:
                 lo, hi = max(bounds[seq], start), min(bounds[seq + 1], end)
                 part = reduce(act[lo - start : hi - start]) if hi > lo else None
