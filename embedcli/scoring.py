@@ -15,6 +15,11 @@ How each method scores a (left, right) = (query, document) pair, as vLLM's `/sco
   sentence-transformers' `model.similarity`: `similarity_fn_name` in config_sentence_transformers.json
   (cosine, dot, euclidean = -L2 distance, manhattan = -L1 distance), cosine when it names none or when
   `--method cosine` is asked for explicitly (`--raw-scores` has no effect).
+- **sparse** (a SPLADE model): query and document are encoded independently into sparse vocabulary vectors
+  (prompts as for cosine); score = their dot product (sentence-transformers' `SparseEncoder.similarity`).
+- **LLM reranker** (a causal LM scored by its yes/no logits): a cross-encoder whose pair is one prompt: the
+  pair template with `{query}`/`{document}` filled in (the document cut so the template's suffix stays), or,
+  without a template, the tokenizer's text pair (for a decoder: query tokens then document tokens).
 - **maxsim** (late interaction, ColBERT style): per-token vectors of both sides (every token, special tokens
   included, L2-normalized unless `--raw-scores`); score = Σ over query tokens of the max over document tokens
   of the dot product, in float32.
@@ -24,12 +29,13 @@ Neither side is stripped of whitespace (CrossEncoder and vLLM keep it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim")
+METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse")
+SparseVector = tuple[np.ndarray, np.ndarray]  # (indices, values), indices sorted and unique
 DOCUMENT_PROMPT_NAMES: tuple[str, ...] = ("document", "passage", "corpus")
 
 
@@ -92,6 +98,21 @@ def maxsim_matrix(queries: Sequence[np.ndarray], docs: Sequence[np.ndarray]) -> 
     return out
 
 
+def sparse_dot(a: SparseVector, b: SparseVector) -> float:
+    """Dot product of two sparse vectors given as (sorted indices, values), accumulated in float64."""
+    _, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+    return float(np.dot(np.asarray(a[1], np.float64)[ia], np.asarray(b[1], np.float64)[ib]))
+
+
+def sparse_matrix(queries: Sequence[SparseVector], docs: Sequence[SparseVector]) -> np.ndarray:
+    """Sparse dot product of every query against every document → `[q, n]` float32."""
+    out = np.empty((len(queries), len(docs)), dtype=np.float32)
+    for i, q in enumerate(queries):
+        for j, d in enumerate(docs):
+            out[i, j] = sparse_dot(q, d)
+    return out
+
+
 def rank_order(scores: np.ndarray, index: np.ndarray | None = None) -> np.ndarray:
     """Positions sorted by score descending; ties keep input order (a stable sort, as vLLM and CrossEncoder)."""
     scores = np.asarray(scores)
@@ -138,11 +159,18 @@ class PairScorer:
     """Scores pairs with one runner: builds the runner's inputs and turns its results into scores."""
 
     def __init__(
-        self, runner: Any, method: str, prompts: dict[str, str] | None = None, similarity: str = "cosine"
+        self,
+        runner: Any,
+        method: str,
+        prompts: dict[str, str] | None = None,
+        similarity: str = "cosine",
+        pair_format: Callable[[str, str], str] | None = None,
     ) -> None:
         self.runner = runner
         self.method = method
         self.similarity = similarity
+        # Cross-encoders whose pair is one templated prompt (LLM rerankers); None: a tokenizer text pair.
+        self.pair_format = pair_format
         prompts = prompts or {}
         self.query_prompt = prompts.get("query", "") if method != "cross-encoder" else ""
         self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
@@ -160,6 +188,8 @@ class PairScorer:
     def pair_inputs(self, lefts: Sequence[str], rights: Sequence[str]) -> list[Any]:
         """Runner inputs for the pairs (left_i, right_i)."""
         if self.method == "cross-encoder":
+            if self.pair_format is not None:
+                return [self.pair_format(q, d) for q, d in zip(lefts, rights, strict=True)]
             return list(zip(lefts, rights, strict=True))
         return [self.query_prompt + t for t in lefts] + [self.doc_prompt + t for t in rights]
 
@@ -170,6 +200,8 @@ class PairScorer:
         if self.method == "cosine":
             vectors = np.asarray(result)
             return similarity_pairs(self.similarity, vectors[:n], vectors[n:])
+        if self.method == "sparse":
+            return np.asarray([sparse_dot(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
         return np.asarray([maxsim(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
 
     # -- queries against documents -----------------------------------------------------------------
@@ -185,6 +217,8 @@ class PairScorer:
     def doc_inputs(self, queries: Sequence[str], docs: Sequence[str]) -> list[Any]:
         """Runner inputs scoring every query against `docs` (cross-encoders: all query x doc pairs, query-major)."""
         if self.method == "cross-encoder":
+            if self.pair_format is not None:
+                return [self.pair_format(q, d) for q in queries for d in docs]
             return [(q, d) for q in queries for d in docs]
         return [self.doc_prompt + d for d in docs]
 
@@ -194,4 +228,6 @@ class PairScorer:
             return np.asarray(result, dtype=np.float32).reshape(num_queries, num_docs, -1)[..., 0]
         if self.method == "cosine":
             return similarity_matrix(self.similarity, encoded_queries, np.asarray(result))
+        if self.method == "sparse":
+            return sparse_matrix(encoded_queries, list(result))
         return maxsim_matrix(encoded_queries, list(result))

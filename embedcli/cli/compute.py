@@ -11,6 +11,13 @@ from typing import Literal
 import typer
 
 from embedcli.cli.app import app, run
+from embedcli.cli.families import (
+    OPT_CLASSIFIER_TOKENS,
+    OPT_INSTRUCTION,
+    OPT_PAIR_TEMPLATE,
+    OPT_PRESET,
+    reranker_flags,
+)
 from embedcli.cli.options import (
     INPUT,
     MODEL,
@@ -142,7 +149,7 @@ def rerank(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
@@ -161,6 +168,10 @@ def rerank(
         "--group-col query_id ...`.",
     ),
     raw_scores: bool = OPT_RAW_SCORES,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -176,7 +187,10 @@ def rerank(
     run(
         lambda: run_rerank(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+            ),
             RerankOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, query=query, queries=queries, query_col=query_col,
@@ -216,12 +230,16 @@ def score(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
     truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
     raw_scores: bool = OPT_RAW_SCORES,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -235,7 +253,10 @@ def score(
     run(
         lambda: run_score(
             InputOptions(inputs, right_col if left is not None else left_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+            ),
             ScoreOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, left_col=left_col, right_col=right_col, left=left,
@@ -282,6 +303,7 @@ def classify(
         False, "--all-scores", envvar=env("all-scores"), rich_help_panel=OUTPUT,
         help="Add 'scores': every label's probability in label-id order (names in the output metadata).",
     ),
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -298,7 +320,10 @@ def classify(
     run(
         lambda: run_classify(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, None, None, None),
+            ),
             ClassifyOptions(
                 activation=activation, top_k=top_k, all_scores=all_scores, logit_mean=logit_mean,
                 logit_sigma=logit_sigma, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,

@@ -8,6 +8,13 @@ import sys
 import typer
 
 from embedcli.cli.app import app, run
+from embedcli.cli.families import (
+    OPT_CLASSIFIER_TOKENS,
+    OPT_INSTRUCTION,
+    OPT_PAIR_TEMPLATE,
+    OPT_PRESET,
+    reranker_flags,
+)
 from embedcli.cli.options import OPT_MAX_TOKENS, OPT_MODEL, OPT_PICKLE, OPT_REMOTE, OPT_TEXT_COL, env
 
 
@@ -17,13 +24,18 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
 ) -> None:
     """Show what would run for a model: architecture, pooling, normalize, projector, max length, and the tasks
     and commands it supports (asking a model for another task is a usage error, exit 2)."""
     from embedcli.tasks.info import model_info
 
     def show() -> int:
-        data = model_info(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        reranker = reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset)
+        data = model_info(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, reranker=reranker)
         if as_json:
             json.dump(data, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
@@ -40,6 +52,9 @@ def info(
             table.add_row(key, str(data.get(key)))
         for key, value in data["choices"].items():
             table.add_row(key, value)
+        for key in ("score_tokens", "score_token_ids", "pair_format", "instruction", "score_formula", "sparse_head"):
+            if data.get(key):  # LLM reranker / SPLADE only
+                table.add_row(key, str(data[key]))
         table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
         table.add_row("prompts", ", ".join(name for name, _ in data["prompts"]) or "none")
         Console().print(table)

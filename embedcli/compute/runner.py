@@ -307,6 +307,8 @@ class Runner:
         if self.params.task in ("token_embed", "token_classify"):
             values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
             return TokenRows(list(enc.ids), values) if self.options.with_token_ids else values
+        if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index
+            return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]
         if enc.num_rows == len(results):
             if not results:
                 width = self.params.dimensions or self.model.spec.embedding_size

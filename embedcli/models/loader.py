@@ -138,6 +138,7 @@ class ModelOptions:
     quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
     task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
     parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
+    sparse_top_k: int | None = None  # SPLADE: keep each vector's k largest entries (default: the model's)
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
@@ -229,6 +230,8 @@ class LoadedModel:
             "base": transformers.AutoModel,
             "sequence_classification": transformers.AutoModelForSequenceClassification,
             "token_classification": transformers.AutoModelForTokenClassification,
+            "lm_score": transformers.AutoModelForCausalLM,
+            "sparse": transformers.AutoModelForMaskedLM,
         }[spec.head]
         try:
             model = auto.from_pretrained(spec.path, **kwargs)
@@ -242,6 +245,12 @@ class LoadedModel:
         classifier: nn.Module | None = None
         if spec.head == "base":
             backbone = model
+        elif spec.head in ("lm_score", "sparse"):
+            from embedcli.models.lm_heads import lm_score_head, mlm_head
+
+            backbone = getattr(model, model.base_model_prefix)
+            # Only the LM head's rows for the score tokens are kept; the [vocab, hidden] head is dropped.
+            classifier = lm_score_head(model, spec) if spec.head == "lm_score" else mlm_head(model, spec)
         else:
             backbone = getattr(model, model.base_model_prefix)
             if spec.head == "sequence_classification":
@@ -260,6 +269,10 @@ class LoadedModel:
     def _build_pooler(self, classifier: nn.Module | None) -> Pooler:
         spec, cfg = self.spec, self.pooler_config
         head_dtype = torch.float32
+        if spec.head in ("lm_score", "sparse"):
+            from embedcli.models.lm_heads import lm_pooler
+
+            return lm_pooler(spec, self.options, classifier)
         if spec.head == "base":
             projector = None
             if spec.projector:

@@ -29,8 +29,15 @@ if TYPE_CHECKING:
 # positions, short enough that a decoder with a 32k context probes in about a second.
 PROBE_MAX_LENGTH = 512
 PROBE_BATCH_TOKENS = 2048
-EMBEDDING_TASKS = frozenset({"embed", "token_embed"})
-_HEAD_TASK = {"base": "embed", "sequence_classification": "classify", "token_classification": "token_classify"}
+# Sparse (SPLADE) vectors are compared as the dense vocabulary-sized vectors they stand for.
+EMBEDDING_TASKS = frozenset({"embed", "token_embed", "sparse_embed"})
+_HEAD_TASK = {
+    "base": "embed",
+    "sequence_classification": "classify",
+    "token_classification": "token_classify",
+    "lm_score": "classify",
+    "sparse": "sparse_embed",
+}
 
 
 @dataclass(frozen=True)
@@ -179,8 +186,18 @@ def probe_outputs(model: LoadedModel, task: str, texts: Sequence[str] = PROBE_TE
         with torch.inference_mode():
             pooled = pooler(hidden, metadata)
         for m, value in zip(members, pooled, strict=True):
-            out[m] = value.float().cpu().numpy()
+            out[m] = _dense(value, spec.embedding_size)
     return out
+
+
+def _dense(value: Any, width: int) -> np.ndarray:
+    """A pooled output as a float32 array; a sparse (indices, values) pair as its dense `[width]` vector."""
+    if isinstance(value, tuple):
+        indices, values = value
+        dense = np.zeros(width, np.float32)
+        dense[indices.cpu().numpy()] = values.float().cpu().numpy()
+        return dense
+    return value.float().cpu().numpy()
 
 
 def _packs(lengths: list[int]) -> list[list[int]]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
+from embedcli.models.families import FAMILY_FIELDS, read_reranker, read_splade
+from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
 from embedcli.models.st_config import (
     MODE_TYPES,
@@ -52,7 +54,7 @@ class ModelSpec:
     path: str
     architecture: str
     model_type: str
-    head: str  # "base" | "sequence_classification" | "token_classification"
+    head: str  # "base" | "sequence_classification" | "token_classification" | "lm_score" | "sparse"
     is_decoder: bool
     hidden_size: int
     max_length: int
@@ -79,6 +81,19 @@ class ModelSpec:
     activation_source: str = ""
     similarity_source: str = ""
     weights: tuple[str, ...] = ()
+    # LLM reranker (head "lm_score"): the scoring tokens (false, true) or (token,), their ids, the pair
+    # template ({query}/{document}/{instruction}; None: the tokenizer's text pair) and its instruction.
+    score_tokens: tuple[str, ...] = ()
+    score_token_ids: tuple[int, ...] = ()
+    pair_template: str | None = None
+    instruction: str | None = None
+    # (sentence-transformers 6 "message" modality): pairs rendered by the tokenizer's chat template with these
+    # apply_chat_template kwargs; None: not a chat-template reranker.
+    pair_chat_template: tuple[tuple[str, Any], ...] | None = None
+    # SPLADE (head "sparse"): max or sum over tokens, relu or log1p_relu, default top-k (ST max_active_dims).
+    sparse_pooling: str | None = None
+    sparse_activation: str | None = None
+    sparse_top_k: int | None = None
     content_hash: str = field(default="", compare=False)
 
     @property
@@ -88,6 +103,10 @@ class ModelSpec:
             return ("classify",)
         if self.head == "token_classification":
             return ("token_classify",)
+        if self.head == "lm_score":
+            return ("classify",)
+        if self.head == "sparse":
+            return ("sparse_embed",)
         return ("embed", "token_embed")
 
     @property
@@ -95,6 +114,10 @@ class ModelSpec:
         """How pairs are scored: cross-encoder, bi-encoder cosine or late interaction (vLLM score types)."""
         if self.head == "sequence_classification":
             return "cross-encoder" if self.num_labels == 1 else None
+        if self.head == "lm_score":
+            return "cross-encoder"
+        if self.head == "sparse":
+            return "sparse"
         if self.head == "base":
             return "bi-encoder"
         return None
@@ -122,6 +145,25 @@ class ModelSpec:
         data = asdict(self)
         data["tasks"] = list(self.tasks)
         data["score_type"] = self.score_type
+        if self.head == "lm_score":
+            from embedcli.models.llm_reranker import score_formula
+
+            data["score_formula"] = score_formula(self.score_tokens)
+            if self.pair_template is not None:
+                data["pair_format"] = f"template {self.pair_template!r}"
+            elif self.pair_chat_template is not None:
+                data["pair_format"] = (
+                    "the tokenizer's chat template, messages [query, document] "
+                    f"(apply_chat_template kwargs {dict(self.pair_chat_template)})"
+                )
+            else:
+                data["pair_format"] = "the tokenizer's text pair (a decoder: query tokens then document tokens)"
+        if self.head == "sparse":
+            data["sparse_head"] = (
+                f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
+                f" -> {self.sparse_pooling} over tokens -> {self.embedding_size}-dim sparse vector"
+                + (f", top {self.sparse_top_k}" if self.sparse_top_k else "")
+            )
         return data
 
     def config_hash(self) -> str:
@@ -129,6 +171,11 @@ class ModelSpec:
         data = self.to_dict()
         for volatile in ("name", "path"):
             data.pop(volatile)
+        # Fields of the LLM-reranker and SPLADE heads are left out while unset, so every other model keeps
+        # the hash (and its outputs stay resumable and --incremental) across this addition.
+        for key in FAMILY_FIELDS:
+            if data.get(key) in (None, (), []):
+                data.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -244,6 +291,8 @@ class _Modules:
     normalize: bool
     projector: tuple[DenseSpec, ...]
     types: tuple[str, ...]
+    splade: dict[str, Any] | None = None  # a SparseEncoder's SpladePooling config
+    logit_score: dict[str, Any] | None = None  # a causal-LM CrossEncoder's LogitScore config
 
 
 def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
@@ -256,12 +305,16 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
     modules = read_json(modules_path)
     types = tuple(str(m.get("type", "")) for m in modules)
     projector: list[DenseSpec] = []
+    family: dict[str, dict[str, Any]] = {}
     for module, kind in zip(modules, types, strict=True):
         if kind in ST_TYPES["pooling"]:
             pooling = read_pooling(folder / module["path"] / "config.json", folder)
         elif kind in ST_TYPES["dense"]:
             projector.append(_dense_spec(folder, module["path"]))
-        elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"]:
+        elif kind in ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]:
+            key = "splade_pooling" if kind in ST_TYPES["splade_pooling"] else "logit_score"
+            family[key] = read_json(folder / module["path"] / "config.json")
+        elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]:
             raise ConfigRefusedError(f"{modules_path}: module type {kind!r} is not supported")
     pooled = base.hidden * len(pooling.modes)
     if projector and projector[0].in_features != pooled:
@@ -270,7 +323,8 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
             f"does not match the pooled size {pooled} (hidden {base.hidden} x {len(pooling.modes)} pooling modes)"
         )
     normalize = any(t in ST_TYPES["normalize"] for t in types)
-    return _Modules(True, pooling, normalize, tuple(projector), types)
+    return _Modules(True, pooling, normalize, tuple(projector), types, family.get("splade_pooling"),
+                    family.get("logit_score"))
 
 
 def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layout: bool, requested: int | None) -> int:
@@ -307,33 +361,56 @@ def _optional_json(path: Path) -> dict[str, Any]:
     return read_json(path) if path.is_file() else {}
 
 
+def _family(
+    folder: Path, base: _BaseConfig, mods: _Modules, st_cfg: dict[str, Any], reranker: RerankerFlags | None
+) -> tuple[str, dict[str, Any]]:
+    """The head of a SPLADE model or an LLM reranker and the ModelSpec fields it sets; else config.json's head."""
+    if mods.splade is not None:
+        fields = read_splade(folder, base.architecture, mods.splade, st_cfg)
+        fields["embedding_size"] = int(base.config.get("vocab_size") or 0)
+        if st_cfg.get("similarity_fn_name") is None:  # SparseEncoder's default similarity (its config saves null)
+            fields.update(similarity_fn_name="dot", similarity_source="default (dot, as SparseEncoder)")
+        return "sparse", fields
+    if mods.logit_score is not None or (reranker is not None and reranker.given):
+        fields = read_reranker(folder, base.architecture, mods.logit_score, reranker or RerankerFlags())
+        return "lm_score", {**fields, "num_labels": 1, "id2label": (fields["score_tokens"][-1],)}
+    return base.head, {}
+
+
 def load_model_spec(
     model: str | None,
     *,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     max_length: int | None = None,
+    reranker: RerankerFlags | None = None,
 ) -> ModelSpec:
-    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`."""
+    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`.
+
+    `reranker`: flags that turn a causal LM into a yes/no reranker (or override what its checkpoint says).
+    """
     folder = resolve_model_path(model, allow_pickle=allow_pickle)
     base = _read_base_config(folder, trust_remote_code)
     weights = _weights(folder, allow_pickle)
     mods = _read_modules(folder, base)
     st_cfg = _optional_json(folder / ST_CONFIG)
-    refuse_modular_cross_encoder(folder, st_cfg, mods.types, base.head)
+    head, family = _family(folder, base, mods, st_cfg, reranker)
+    refuse_modular_cross_encoder(folder, st_cfg, mods.types, head)
     sbert = _optional_json(folder / "sentence_bert_config.json")
     config = base.config
     num_labels, id2label = _labels(config, base.head)
-    activation = read_classifier_activation(folder, config, st_cfg, num_labels) if base.head != "base" else None
+    # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.
+    classifier = base.head != "base" and head != "lm_score"
+    activation = read_classifier_activation(folder, config, st_cfg, num_labels) if classifier else None
     similarity, similarity_source = read_similarity(folder, st_cfg)
     matryoshka = config.get("matryoshka_dimensions")
     projector = mods.projector
-    return ModelSpec(
+    spec = ModelSpec(
         name=str(model) if model else DEFAULT_MODEL,
         path=str(folder),
         architecture=base.architecture,
         model_type=base.model_type,
-        head=base.head,
+        head=head,
         is_decoder=base.is_decoder,
         hidden_size=base.hidden,
         max_length=_max_length(folder, base, sbert, mods.st_layout, max_length),
@@ -361,6 +438,10 @@ def load_model_spec(
         similarity_source=similarity_source,
         weights=weights,
         content_hash=_hash_files(
-            folder, ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector)]
+            folder,
+            ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector),
+             # An LLM reranker's prompt can come from these files (chat template and its kwargs).
+             *(("chat_template.jinja", "tokenizer_config.json", "sentence_bert_config.json") if head == "lm_score" else ())],
         ),
     )
+    return replace(spec, **family)

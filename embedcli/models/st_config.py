@@ -31,6 +31,18 @@ ST_TYPES: dict[str, tuple[str, ...]] = {
         "sentence_transformers.models.Transformer",
         "sentence_transformers.base.modules.transformer.Transformer",
     ),
+    # SparseEncoder (SPLADE): a masked-LM transformer (v5 and v6 names; v6 also saves a plain Transformer
+    # with transformer_task "fill-mask") followed by SpladePooling.
+    "mlm_transformer": (
+        "sentence_transformers.sparse_encoder.models.MLMTransformer",
+        "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer",
+    ),
+    "splade_pooling": (
+        "sentence_transformers.sparse_encoder.models.SpladePooling",
+        "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling",
+    ),
+    # CrossEncoder on a causal LM: the score is logit[true] - logit[false] at the last token.
+    "logit_score": ("sentence_transformers.cross_encoder.modules.logit_score.LogitScore",),
 }
 ST_CONFIG = "config_sentence_transformers.json"
 # sentence-transformers' Pooling modes; the legacy `pooling_mode_<name>` booleans concatenate in this order.
@@ -177,8 +189,9 @@ def read_similarity(folder: Path, st_cfg: dict[str, Any]) -> tuple[str, str]:
 
 def refuse_modular_cross_encoder(folder: Path, st_cfg: dict[str, Any], module_types: Sequence[str], head: str) -> None:
     """A CrossEncoder built from modules (Transformer + Pooling + Dense) is refused: scored as a bi-encoder it
-    would give the cosine of its 1-d outputs, not `CrossEncoder.predict`'s scores."""
-    if st_cfg.get("model_type") != "CrossEncoder":
+    would give the cosine of its 1-d outputs, not `CrossEncoder.predict`'s scores. A causal LM with a LogitScore
+    module (head "lm_score") is read whole."""
+    if st_cfg.get("model_type") != "CrossEncoder" or head == "lm_score":
         return
     extra = [t.rpartition(".")[2] for t in module_types if t not in ST_TYPES["transformer"]]
     if extra or head != "sequence_classification":
@@ -213,7 +226,14 @@ def _classifier_activation_name(info: dict[str, Any]) -> str:
 
 def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
     """`embedcli info` rows: pooling, prompt handling, activation, similarity, each with its source."""
+    if info.get("head") == "sparse":
+        return [
+            ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
+            ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+        ]
     rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]
+    if info.get("head") == "lm_score":  # its activation is the score formula, shown on its own row
+        return rows
     if info.get("head") == "base":
         prompt = "included in pooling" if info["include_prompt"] else "excluded from pooling (include_prompt=false)"
         rows.append(("prompt tokens", f"{prompt} ({info['pooling_source'].split(':')[0]})"))

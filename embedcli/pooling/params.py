@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from embedcli.errors import PoolingConfigError
 
-PoolingTask = Literal["embed", "classify", "token_embed", "token_classify"]
+PoolingTask = Literal["embed", "classify", "token_embed", "token_classify", "sparse_embed"]
 POOLING_TASKS: tuple[PoolingTask, ...] = get_args(PoolingTask)
 
 SeqPoolingType = Literal["CLS", "LAST", "MEAN", "MAX", "MEAN_SQRT_LEN", "WEIGHTEDMEAN"]
@@ -27,6 +27,8 @@ _VALID_PARAMS: dict[str, tuple[str, ...]] = {
     "token_embed": ("dimensions", "use_activation"),
     "classify": ("use_activation",),
     "token_classify": ("use_activation",),
+    # SPLADE (vLLM serves it as `embed` of a vocab-sized vector); here a task of its own with sparse output.
+    "sparse_embed": (),
 }
 _STEP_PARAMS = ("step_tag_id", "returned_token_ids")
 

@@ -17,6 +17,7 @@ from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.engines.ray_engine import ray_runner
 from embedcli.errors import UsageError, display_path
+from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.run.flags import RunFlags
@@ -37,6 +38,7 @@ class ModelChoice:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     quantize: bool = False
+    reranker: RerankerFlags | None = None  # a causal LM as a yes/no reranker (--classifier-from-tokens, ...)
 
     def options(self, **task_options: Any) -> ModelOptions:
         """The load options, with a task's (activation, calibration, step tag)."""
@@ -71,6 +73,7 @@ def load_spec(choice: ModelChoice) -> ModelSpec:
         allow_pickle=choice.allow_pickle,
         trust_remote_code=choice.trust_remote_code,
         max_length=choice.max_length,
+        reranker=choice.reranker,
     )
 
 

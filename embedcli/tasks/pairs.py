@@ -1,4 +1,5 @@
-"""`embedcli score` and `embedcli rerank`: pairs scored by a cross-encoder, by cosine or by maxsim."""
+"""`embedcli score` and `embedcli rerank`: pairs scored by a cross-encoder, by cosine, by maxsim or by the
+sparse dot product."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.errors import EXIT_OK, InputError, UsageError
 from embedcli.io.readers import read_inputs
 from embedcli.io.writers import open_writer
+from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
@@ -42,7 +44,7 @@ from embedcli.tasks.common import (
     provenance,
 )
 
-PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed"}
+PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed", "sparse": "sparse_embed"}
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class QueryChoice(Protocol):
 
 
 def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
-    """How `spec` scores pairs: cross-encoder, cosine or maxsim (`auto`: by the model, as vLLM's score type)."""
+    """How `spec` scores pairs: cross-encoder, cosine, maxsim or sparse (`auto`: by the model, as vLLM's score type)."""
     if method not in METHODS:
         raise UsageError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
     if method == "auto":
@@ -100,6 +102,10 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
             return "cross-encoder"
         if spec.score_type == "bi-encoder":
             return "cosine"
+        if spec.score_type == "sparse":
+            return "sparse"
+    elif method == "sparse" and spec.score_type == "sparse":
+        return method
     elif method == "cross-encoder" and spec.score_type == "cross-encoder":
         return method
     elif method in ("cosine", "maxsim") and spec.head == "base":
@@ -109,6 +115,8 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
         "cross-encoder, which needs exactly one label",
         "token_classification": "a token classifier cannot score pairs",
         "base": "an embedding model scores pairs by cosine or maxsim, not as a cross-encoder",
+        "lm_score": "an LLM reranker scores pairs as a cross-encoder",
+        "sparse": "a sparse (SPLADE) model scores pairs by the sparse dot product",
     }[spec.head]
     raise UsageError(f"{command}: model {spec.name!r} cannot score pairs with method {method!r}: {why}; {can_do(spec)}")
 
@@ -132,7 +140,9 @@ def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[R
     )
     # `--method auto` scores a bi-encoder as its own `model.similarity`; an explicit `--method cosine` is cosine.
     similarity = spec.similarity_fn_name if opts.method == "auto" else "cosine"
-    return runner, PairScorer(runner, method, dict(spec.prompts), similarity)
+    # An LLM reranker's pair is one prompt (template or chat template), its document cut to keep the suffix.
+    pair_format = pair_formatter(runner.model, runner.max_length, truncate=opts.long_inputs == "truncate")
+    return runner, PairScorer(runner, method, dict(spec.prompts), similarity, pair_format)
 
 
 # -- score ---------------------------------------------------------------------------------------------
