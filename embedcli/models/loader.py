@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
+from embedcli.models.layers import UnsupportedCheckpoint
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
 from embedcli.pooling import (
@@ -136,6 +138,10 @@ class ModelOptions:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
+    # `auto`: embedcli's own packed backbone where the model type has one (see models/backbones.py), else
+    # transformers' modules; `own` refuses a model without one; `transformers` forces the old path
+    # (tests, bisection). The EMBEDCLI_BACKBONE environment variable sets the default.
+    backbone: str = field(default_factory=lambda: os.environ.get("EMBEDCLI_BACKBONE", "auto"))
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
@@ -166,8 +172,10 @@ class LoadedModel:
         # of 0.99990 on long BBC articles (bf16 LayerNorm/residual rounding accumulates over layers).
         self.autocast = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.weight_dtype = torch.float32 if self.autocast else self.dtype
+        own = self._load_own_backbone()
+        self.own_backbone = own is not None
         self.tokenizer = self._load_tokenizer()
-        self.backbone, classifier = self._load_backbone()
+        self.backbone, classifier = own if own is not None else self._load_backbone()
         self.pooler_config = PoolerConfig(
             seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
             tok_pooling_type="STEP" if options.step_tag_id is not None or options.returned_token_ids else "ALL",
@@ -180,11 +188,38 @@ class LoadedModel:
         self.pooler = self._build_pooler(classifier).to(self.device).eval()
 
     # -- loading -----------------------------------------------------------------------------------
+    def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
+        """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""
+        choice = self.options.backbone
+        if choice not in BACKBONE_CHOICES:
+            raise ModelConfigError(f"backbone {choice!r} (EMBEDCLI_BACKBONE): choose one of {', '.join(BACKBONE_CHOICES)}")
+        if choice == "transformers" or (choice == "auto" and not has_own_backbone(self.spec.model_type)):
+            return None
+        try:
+            model, classifier = load_own_backbone(self.spec, self.weight_dtype, self.device)
+        except UnsupportedCheckpoint as e:
+            if choice == "own":
+                raise ModelConfigError(f"{self.spec.path}: embedcli's own backbone cannot run this model: {e}") from e
+            return None
+        if self.options.quantize:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ModelConfigError("--quantize (int8 dynamic) runs on CPU with --dtype float32 only")
+            model = quantize_linear_int8(model)
+        return model, classifier
+
     def _load_tokenizer(self):  # type: ignore[no-untyped-def]
+        path = Path(self.spec.path)
+        if self.own_backbone and (path / "tokenizer.json").is_file():
+            from embedcli.models.tokenizer import load_tokenizer_json
+
+            try:
+                tokenizer, self.hf_tokenizer = load_tokenizer_json(path)
+            except Exception as e:
+                raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
+            return tokenizer
         from tokenizers import Tokenizer
         from transformers import AutoTokenizer
 
-        path = Path(self.spec.path)
         try:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
         except Exception as e:
@@ -313,6 +348,9 @@ class LoadedModel:
         pack = PackInfo.build(lengths, self.device)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = self.position_ids(lengths).to(self.device, non_blocking=True)
+        if self.own_backbone:
+            types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)
+            return self.backbone(ids, positions, pack, types)
         if self.spec.model_type == "mpnet":
             return _mpnet_packed_forward(self.backbone, ids, positions, pack)
         kwargs: dict[str, object] = {"embedcli_pack": pack}
