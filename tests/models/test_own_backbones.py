@@ -122,8 +122,8 @@ def test_heads_match_the_transformers_path(kind, head, task, tmp_path) -> None:
     texts = list(TEXTS)
     own, forced = _load(folder, "own"), _load(folder, "transformers")
     assert own.own_backbone and not forced.own_backbone
-    got = list(Runner(own, RunnerOptions(task=task)).map([texts]))[0]
-    want = list(Runner(forced, RunnerOptions(task=task)).map([texts]))[0]
+    got = next(Runner(own, RunnerOptions(task=task)).map([texts]))
+    want = next(Runner(forced, RunnerOptions(task=task)).map([texts]))
     for g, w in zip(got, want, strict=True):
         assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-5
 
@@ -135,7 +135,7 @@ def test_unsupported_config_falls_back_to_transformers(tiny_model, tmp_path) -> 
     loaded = _load(folder, "auto")
     assert not loaded.own_backbone
     assert Runner(loaded).embed(["hello"]).shape == (1, 32)
-    with pytest.raises(ModelConfigError, match="own backbone cannot run this model.*gelu_10"):
+    with pytest.raises(ModelConfigError, match=r"own backbone cannot run this model.*gelu_10"):
         _load(folder, "own")
 
 
