@@ -23,6 +23,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "camembert": ("embedcli.models.roberta", "RobertaModel"),
     "distilbert": ("embedcli.models.distilbert", "DistilBertModel"),
     "mpnet": ("embedcli.models.mpnet", "MPNetModel"),
+    "llama": ("embedcli.models.llama", "LlamaModel"),
+    "mistral": ("embedcli.models.llama", "LlamaModel"),
+    "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
+    "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
 }
 
 BACKBONE_CHOICES = ("auto", "own", "transformers")
@@ -50,6 +54,8 @@ def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
     """The head of a `*ForSequenceClassification` / `*ForTokenClassification` checkpoint, on pooled vectors."""
     if spec.head == "token_classification":
         return _linear(weights, "classifier")
+    if spec.is_decoder:
+        return _linear(weights, "score", bias=False)
     p = weights.prefix
     if spec.model_type == "bert":
         # BERT's pooler (dense + tanh over the CLS state) belongs to the classification head.

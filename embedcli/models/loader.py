@@ -209,7 +209,9 @@ class LoadedModel:
 
     def _load_tokenizer(self):  # type: ignore[no-untyped-def]
         path = Path(self.spec.path)
-        if self.own_backbone and (path / "tokenizer.json").is_file():
+        # Decoders keep transformers' tokenizer: it rebuilds some of them (BOS/EOS templates, BPE classes)
+        # from tokenizer_config.json rather than taking tokenizer.json as it is.
+        if self.own_backbone and not self.spec.is_decoder and (path / "tokenizer.json").is_file():
             from embedcli.models.tokenizer import load_tokenizer_json
 
             try:
@@ -341,6 +343,21 @@ class LoadedModel:
         """Last hidden states `[total, hidden]` of sequences laid end to end in `input_ids`."""
         with self.compute_context():
             return self._forward_packed(input_ids, lengths, token_type_ids)
+
+    def forward_with_prefix(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo | None, prefix: object
+    ) -> torch.Tensor:
+        """Decoders, chunked prefill: hidden states of whole sequences (`pack`) then one slice (`prefix`).
+
+        Runs inside the caller's inference mode and `compute_context`; `prefix` is a `kv_cache.PrefixSlice`.
+        """
+        if self.own_backbone:
+            return self.backbone(input_ids, positions, pack, None, prefix)
+        out = self.backbone(
+            input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
+            embedcli_pack=pack, embedcli_prefix=prefix,
+        )
+        return out.last_hidden_state[0]
 
     def _forward_packed(
         self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None

@@ -1,4 +1,4 @@
-"""embedcli's own packed backbones (models/bert.py, roberta.py, distilbert.py, mpnet.py) against transformers.
+"""embedcli's own packed backbones (models/bert.py ... qwen3.py) against transformers.
 
 The reference is transformers' own eager forward of each sequence alone; ours runs packed under three
 token budgets. Heads are checked against the transformers-module path of the same loader.
@@ -19,6 +19,8 @@ from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import ModelConfigError, load_model_spec
 from embedcli.runner import Runner, RunnerOptions
 from tests.fixtures.tiny_models import (
+    DECODER_KW,
+    DECODERS,
     ENCODER_KW,
     ENCODERS,
     LONG_TEXT,
@@ -29,6 +31,7 @@ from tests.fixtures.tiny_models import (
 )
 
 BUDGETS = (24, 96, 4096)
+FAMILIES = ENCODERS + DECODERS
 TEXTS = (*SAMPLE_TEXTS, LONG_TEXT[:200], "fox", "the bank deal", SAMPLE_TEXTS[1])
 
 
@@ -49,7 +52,7 @@ def _packs(lengths: list[int], budget: int) -> list[list[int]]:
     return packs
 
 
-@pytest.mark.parametrize("name", ENCODERS)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_own_backbone_is_used(name, tiny_model) -> None:
     loaded = _load(tiny_model(name), "auto")
     assert loaded.own_backbone
@@ -58,11 +61,9 @@ def test_own_backbone_is_used(name, tiny_model) -> None:
     assert not forced.own_backbone and type(forced.backbone).__module__.startswith("transformers.")
 
 
-@pytest.mark.parametrize("name", ENCODERS)
-@pytest.mark.parametrize("budget", BUDGETS)
-def test_last_hidden_state_matches_transformers(name, budget, tiny_model, tiny_reference) -> None:
-    loaded, reference = _load(tiny_model(name), "own"), tiny_reference(name)
-    ids = [loaded.tokenizer.encode(t.strip()).ids for t in TEXTS]
+def _max_diff_alone(loaded: LoadedModel, reference, texts, budget: int) -> float:  # type: ignore[no-untyped-def]
+    """Max |ours - transformers| over the last hidden states of `texts`, ours packed under `budget`."""
+    ids = [loaded.tokenizer.encode(t.strip()).ids for t in texts]
     lengths = [len(x) for x in ids]
     packs = _packs(lengths, budget)
     assert (len(packs) == 1) == (budget >= sum(lengths))
@@ -74,7 +75,46 @@ def test_last_hidden_state_matches_transformers(name, budget, tiny_model, tiny_r
             with torch.inference_mode():
                 want = reference(input_ids=torch.tensor([seq])).last_hidden_state[0]
             worst = max(worst, (got - want).abs().max().item())
+    return worst
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_last_hidden_state_matches_transformers(name, budget, tiny_model, tiny_reference) -> None:
+    loaded, reference = _load(tiny_model(name), "own"), tiny_reference(name)
+    worst = _max_diff_alone(loaded, reference, TEXTS, budget)
     assert worst <= 1e-5, f"{name} at budget {budget}: max |diff| {worst:.3g}"
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 500.0},
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+        },
+    ],
+    ids=lambda r: r["rope_type"],
+)
+def test_rope_scaling_matches_transformers(rope, tiny_model, tmp_path) -> None:
+    from transformers import AutoModel
+
+    folder = copy_model(tiny_model("llama"), tmp_path / "llama-rope")
+    edit_json(folder / "config.json", lambda c: c.update(rope_parameters=rope))
+    reference = AutoModel.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32).eval()
+    texts = [*TEXTS, LONG_TEXT[:400]]
+    assert _max_diff_alone(_load(folder, "own"), reference, texts, 96) <= 1e-5
+
+
+def test_sliding_window_falls_back_to_transformers(tiny_model, tmp_path) -> None:
+    """A Mistral window shorter than the context is not implemented: `auto` keeps transformers' modules."""
+    folder = copy_model(tiny_model("mistral"), tmp_path / "mistral-window")
+    edit_json(folder / "config.json", lambda c: c.update(sliding_window=16))
+    assert not _load(folder, "auto").own_backbone
+    with pytest.raises(ModelConfigError, match="sliding-window"):
+        _load(folder, "own")
 
 
 @pytest.mark.parametrize("name", ["bert", "roberta"])
@@ -126,6 +166,24 @@ def test_heads_match_the_transformers_path(kind, head, task, tmp_path) -> None:
     want = next(Runner(forced, RunnerOptions(task=task)).map([texts]))
     for g, w in zip(got, want, strict=True):
         assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_decoder_score_head_matches_the_transformers_path(kind, tmp_path) -> None:
+    import transformers as tf
+
+    folder = tmp_path / f"{kind}-score"
+    torch.manual_seed(12)
+    vocab = write_tokenizer(folder, decoder=True)
+    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[kind]
+    config = getattr(tf, f"{prefix}Config")(vocab_size=vocab, num_labels=3, **DECODER_KW)
+    getattr(tf, f"{prefix}ForSequenceClassification")(config).eval().save_pretrained(str(folder))
+    own, forced = _load(folder, "own"), _load(folder, "transformers")
+    assert own.own_backbone and not forced.own_backbone
+    texts = list(TEXTS)
+    got = Runner(own, RunnerOptions(task="classify")).embed(texts)
+    want = Runner(forced, RunnerOptions(task="classify")).embed(texts)
+    assert np.abs(got - want).max() <= 1e-5
 
 
 def test_unsupported_config_falls_back_to_transformers(tiny_model, tmp_path) -> None:
