@@ -74,7 +74,8 @@ def _max_diff_alone(loaded: LoadedModel, reference, texts, budget: int) -> float
         for seq, got in zip(seqs, torch.split(hidden, [len(s) for s in seqs]), strict=True):
             with torch.inference_mode():
                 want = reference(input_ids=torch.tensor([seq])).last_hidden_state[0]
-            worst = max(worst, (got - want).abs().max().item())
+            # NaN-safe: max() would skip a NaN difference (garbage weights), inf does not pass.
+            worst = max(worst, (got - want).abs().nan_to_num(nan=float("inf")).max().item())
     return worst
 
 
@@ -84,6 +85,25 @@ def test_last_hidden_state_matches_transformers(name, budget, tiny_model, tiny_r
     loaded, reference = _load(tiny_model(name), "own"), tiny_reference(name)
     worst = _max_diff_alone(loaded, reference, TEXTS, budget)
     assert worst <= 1e-5, f"{name} at budget {budget}: max |diff| {worst:.3g}"
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_biases_and_norm_weights_are_loaded(name, tiny_model, tmp_path) -> None:
+    """transformers initializes biases to 0 and norm weights to 1: perturb them, so each must be read."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel
+
+    folder = copy_model(tiny_model(name), tmp_path / f"{name}-perturbed")
+    state = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(5)
+    for key, value in state.items():
+        if key.endswith("bias") or "norm" in key.lower():
+            state[key] = value + 0.3 * torch.randn(value.shape, generator=gen)
+    if name == "qwen2":
+        assert any(k.endswith("q_proj.bias") for k in state)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    reference = AutoModel.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32).eval()
+    assert _max_diff_alone(_load(folder, "own"), reference, TEXTS, 96) <= 1e-5
 
 
 @pytest.mark.parametrize(
