@@ -12,7 +12,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embedcli.models.layers import JsonConfig, UnsupportedCheckpoint, Weights, load_state_dict
+from embedcli.models.layers import (
+    JsonConfig,
+    UnsupportedCheckpoint,
+    Weights,
+    load_state_dict,
+    skip_init_weights,
+)
 from embedcli.models.spec import ModelSpec
 
 # model_type -> (module, class), named as vLLM names its model files.
@@ -76,9 +82,8 @@ def load_own_backbone(
     cls = getattr(importlib.import_module(module_name), class_name)
     config = JsonConfig.read(spec.path)
     state = load_state_dict(Path(spec.path), spec.weights)
-    with torch.device("meta"):
+    with skip_init_weights():
         model = cls(config)
-    model = model.to_empty(device="cpu")
     weights = model.load(state)
     classifier = None if spec.head == "base" else _classifier(spec, weights).to(device=device, dtype=torch.float32)
     model = model.to(device=device, dtype=dtype).eval()

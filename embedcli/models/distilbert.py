@@ -33,8 +33,8 @@ class DistilBertModel(BertModel):
     token_types: ClassVar[bool] = False
 
     def __init__(self, config: JsonConfig) -> None:
+        # The config keeps DistilBERT's keys and gains BERT's names (hidden_size, ...), as transformers' attribute_map.
         super().__init__(_as_bert(config))
-        self.config = config
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:

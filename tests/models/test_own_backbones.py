@@ -269,7 +269,7 @@ loaded = LoadedModel(load_model_spec({str(folder)!r}), ModelOptions(device="cpu"
 assert loaded.own_backbone
 vectors = Runner(loaded).embed(["hello world", "the fox"])
 assert vectors.shape == (2, 32), vectors.shape
-print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "sentence_transformers")))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "sentence_transformers") or m == "torch._dynamo"))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout.strip().replace("'", '"')) == []
