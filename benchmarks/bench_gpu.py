@@ -80,11 +80,13 @@ def main() -> None:
 
     import transformers
 
-    from embedcli.jobs import EmbedOptions, InputOptions, ModelChoice, OutputOptions, run_embed
+    from embedcli.compute.runner import Runner, RunnerOptions
     from embedcli.models.loader import LoadedModel, ModelOptions
     from embedcli.models.packing import flash_attn_available
     from embedcli.models.spec import load_model_spec
-    from embedcli.runner import Runner, RunnerOptions
+    from embedcli.run.source import InputOptions
+    from embedcli.tasks.common import ModelChoice, OutputOptions
+    from embedcli.tasks.embed import EmbedOptions, run_embed
 
     report: dict = {
         "torch": torch.__version__, "transformers": transformers.__version__,

@@ -120,9 +120,9 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    from embedcli.compute.runner import Runner, RunnerOptions
     from embedcli.models.loader import LoadedModel, ModelOptions
     from embedcli.models.spec import load_model_spec
-    from embedcli.runner import Runner, RunnerOptions
 
     doc = Path(args.doc).read_text(encoding="utf-8")
     spec = load_model_spec(str(args.model))

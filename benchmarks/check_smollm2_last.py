@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from embedcli.bench import bbc_texts
+from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
-from embedcli.runner import Runner, RunnerOptions
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""A small Python API for notebooks, on the same runner as the command line."""
+"""A small Python API for notebooks, on the same runner (and the same builder) as the command line."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embedcli.models.loader import LoadedModel, ModelOptions
+from embedcli.compute.build import build_runner, embed_recipe
+from embedcli.models.loader import ModelOptions
 from embedcli.models.spec import load_model_spec
-from embedcli.runner import Runner, RunnerOptions
 
 
 class Embedder:
-    """Embed texts with a model resolved offline: `Embedder().embed(["a", "b"]) -> np.ndarray`."""
+    """Embed texts with a model resolved offline: `Embedder().embed(["a", "b"]) -> np.ndarray`.
+
+    The model's `default_prompt_name` applies, as in `embedcli embed` and sentence-transformers; pass
+    `prompt=""` to embed without a prompt.
+    """
 
     def __init__(
         self,
@@ -24,19 +28,16 @@ class Embedder:
         max_length: int | None = None,
         normalize: bool | None = None,
         dimensions: int | None = None,
-        prompt: str = "",
+        prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> None:
-        self.model = LoadedModel(load_model_spec(model, max_length=max_length), ModelOptions(device=device, dtype=dtype))
-        self.runner = Runner(
-            self.model,
-            RunnerOptions(
-                task="embed",
-                max_batch_tokens=max_batch_tokens,
-                normalize=normalize,
-                dimensions=dimensions,
-                prompt=prompt,
-            ),
+        spec = load_model_spec(model, max_length=max_length)
+        recipe = embed_recipe(
+            spec, ModelOptions(device=device, dtype=dtype), max_batch_tokens=max_batch_tokens,
+            normalize=normalize, dimensions=dimensions, prompt=prompt, prompt_name=prompt_name,
         )
+        self.runner = build_runner(recipe)
+        self.model = self.runner.model
 
     def embed(self, texts: Sequence[str] | str) -> np.ndarray:
         """float32 vectors `[len(texts), d]` in input order (a single string gives `[d]`)."""

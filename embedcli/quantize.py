@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow.parquet as pq
 
-from embedcli.jobs import UsageError
+from embedcli.errors import UsageError
+from embedcli.io.writers import embedding_array, embedding_matrix
 
 Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
@@ -112,7 +114,6 @@ class Quantizer:
 
     def table(self, table: Any, column: str = "embedding") -> Any:
         """`table` with its float vector column replaced by the quantized vectors."""
-        from embedcli.io.writers import embedding_array, embedding_matrix
 
         i = table.schema.get_field_index(column)
         vectors = embedding_matrix(table.column(i))
@@ -198,7 +199,6 @@ def _stored_ranges(path: str) -> np.ndarray | None:
     meta: dict[str, Any] = {}
     lower = path.lower()
     if lower.endswith((".parquet", ".pq")):
-        import pyarrow.parquet as pq
 
         try:
             raw = pq.read_schema(path).metadata or {}
@@ -224,9 +224,7 @@ def _stored_ranges(path: str) -> np.ndarray | None:
 
 
 def _parquet_ranges(path: str) -> np.ndarray:
-    import pyarrow.parquet as pq
 
-    from embedcli.io.writers import embedding_matrix
 
     pf = pq.ParquetFile(path)
     if "embedding" not in pf.schema_arrow.names:

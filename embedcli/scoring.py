@@ -9,10 +9,12 @@ How each method scores a (left, right) = (query, document) pair, as vLLM's `/sco
   with the tokenizer's `longest_first` rule, as sentence-transformers' CrossEncoder does: one token at a
   time from whichever side is currently longer (so a short query is kept whole and the document is cut
   first), from the right (`--truncation-side left`: from the left); special tokens count toward the limit.
-- **cosine** (an embedding model): query and document are embedded independently — the query with the
-  model's `query` prompt, the document with its `document` (else `passage`, else `corpus`) prompt, as
-  sentence-transformers' `encode_query` / `encode_document` — and scored by the cosine of the float32
-  vectors (normalization does not change it; `--raw-scores` has no effect).
+- **cosine** (an embedding model, a bi-encoder): query and document are embedded independently — the query
+  with the model's `query` prompt, the document with its `document` (else `passage`, else `corpus`) prompt,
+  as sentence-transformers' `encode_query` / `encode_document` — and scored by the model's similarity, as
+  sentence-transformers' `model.similarity`: `similarity_fn_name` in config_sentence_transformers.json
+  (cosine, dot, euclidean = -L2 distance, manhattan = -L1 distance), cosine when it names none or when
+  `--method cosine` is asked for explicitly (`--raw-scores` has no effect).
 - **maxsim** (late interaction, ColBERT style): per-token vectors of both sides (every token, special tokens
   included, L2-normalized unless `--raw-scores`); score = Σ over query tokens of the max over document tokens
   of the dot product, in float32.
@@ -45,6 +47,29 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def cosine_matrix(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
     """Cosine of every query against every document: `[q, d]` x `[n, d]` → `[q, n]` float32."""
     return (_unit_rows(queries) @ _unit_rows(docs).T).astype(np.float32)
+
+
+def similarity_pairs(name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise `model.similarity` of `[n, d]` and `[n, d]` → `[n]` float32 (cosine, dot, euclidean, manhattan)."""
+    if name == "cosine":
+        return cosine_pairs(a, b)
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if name == "dot":
+        return np.sum(a64 * b64, axis=-1).astype(np.float32)
+    order = {"euclidean": 2, "manhattan": 1}[name]
+    return (-np.linalg.norm(a64 - b64, ord=order, axis=-1)).astype(np.float32)
+
+
+def similarity_matrix(name: str, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """`model.similarity` of every query against every document → `[q, n]` float32."""
+    if name == "cosine":
+        return cosine_matrix(queries, docs)
+    q64, d64 = np.asarray(queries, dtype=np.float64), np.asarray(docs, dtype=np.float64)
+    if name == "dot":
+        return (q64 @ d64.T).astype(np.float32)
+    order = {"euclidean": 2, "manhattan": 1}[name]
+    diff = q64[:, None, :] - d64[None, :, :]
+    return (-np.linalg.norm(diff, ord=order, axis=-1)).astype(np.float32)
 
 
 def maxsim(query: np.ndarray, doc: np.ndarray) -> float:
@@ -112,12 +137,24 @@ def document_prompt(prompts: dict[str, str]) -> str:
 class PairScorer:
     """Scores pairs with one runner: builds the runner's inputs and turns its results into scores."""
 
-    def __init__(self, runner: Any, method: str, prompts: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, runner: Any, method: str, prompts: dict[str, str] | None = None, similarity: str = "cosine"
+    ) -> None:
         self.runner = runner
         self.method = method
+        self.similarity = similarity
         prompts = prompts or {}
         self.query_prompt = prompts.get("query", "") if method != "cross-encoder" else ""
         self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
+        spec = getattr(getattr(runner, "model", None), "spec", None)
+        if (self.query_prompt or self.doc_prompt) and spec is not None and not spec.include_prompt:
+            from embedcli.pooling import PoolingConfigError
+
+            # The prompts are prepended here, per side; the runner could not leave their tokens out of pooling.
+            raise PoolingConfigError(
+                f"include_prompt=false ({spec.pooling_source}) with query/document prompts is not supported "
+                "for score and rerank; embed queries and documents with `embedcli embed --prompt-name`"
+            )
 
     # -- 1:1 pairs ---------------------------------------------------------------------------------
     def pair_inputs(self, lefts: Sequence[str], rights: Sequence[str]) -> list[Any]:
@@ -132,7 +169,7 @@ class PairScorer:
             return np.asarray(result, dtype=np.float32).reshape(n, -1)[:, 0]
         if self.method == "cosine":
             vectors = np.asarray(result)
-            return cosine_pairs(vectors[:n], vectors[n:])
+            return similarity_pairs(self.similarity, vectors[:n], vectors[n:])
         return np.asarray([maxsim(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
 
     # -- queries against documents -----------------------------------------------------------------
@@ -156,5 +193,5 @@ class PairScorer:
         if self.method == "cross-encoder":
             return np.asarray(result, dtype=np.float32).reshape(num_queries, num_docs, -1)[..., 0]
         if self.method == "cosine":
-            return cosine_matrix(encoded_queries, np.asarray(result))
+            return similarity_matrix(self.similarity, encoded_queries, np.asarray(result))
         return maxsim_matrix(encoded_queries, list(result))

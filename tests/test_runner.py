@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embedcli.compute.runner import DEFAULT_MAX_BATCH_TOKENS, LongInputError, Runner, RunnerOptions, prefetch
 from embedcli.pooling import PoolingConfigError
-from embedcli.runner import DEFAULT_MAX_BATCH_TOKENS, LongInputError, Runner, RunnerOptions, prefetch
 from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -40,6 +40,14 @@ def test_defaults(tiny_loaded) -> None:
     assert runner.params.task == "embed" and runner.params.use_activation is True
 
 
+def test_runners_are_engines_of_the_run_loop(tiny_loaded) -> None:
+    from embedcli.engines.ray_engine import RayRunner
+    from embedcli.run import Engine
+
+    runner = Runner(tiny_loaded("bert-st"))
+    assert isinstance(runner, Engine) and isinstance(RayRunner(runner, workers=2), Engine)
+
+
 def test_max_length_option_overrides_model(tiny_loaded) -> None:
     runner = Runner(tiny_loaded("bert-st"), RunnerOptions(max_length=16))
     enc = runner.tokenize([LONG_TEXT])
@@ -51,9 +59,11 @@ def test_unsupported_task(tiny_loaded) -> None:
         Runner(tiny_loaded("bert"), RunnerOptions(task="classify"))
 
 
-def test_dimensions_need_matryoshka(tiny_loaded) -> None:
-    with pytest.raises(PoolingConfigError, match="matryoshka"):
-        Runner(tiny_loaded("bert-st"), RunnerOptions(dimensions=8))
+def test_dimensions_without_matryoshka_truncate_with_a_note(tiny_loaded, capsys) -> None:
+    Runner(tiny_loaded("bert-st"), RunnerOptions(dimensions=8))
+    assert "declares no Matryoshka dimensions" in capsys.readouterr().err
+    with pytest.raises(PoolingConfigError, match="exceeds the embedding size 32"):
+        Runner(tiny_loaded("bert-st"), RunnerOptions(dimensions=33))
 
 
 def test_matryoshka_dimensions_slice_then_normalize(tiny_loaded) -> None:
@@ -74,13 +84,14 @@ def test_matryoshka_dimensions_slice_then_normalize(tiny_loaded) -> None:
 
 def test_prepare_strips_lowercases_and_prompts(tiny_loaded) -> None:
     loaded = tiny_loaded("bert-st")
-    assert Runner(loaded)._prepare("  Hello  ") == "Hello"
-    assert Runner(loaded, RunnerOptions(strip=False))._prepare(" Hi ") == " Hi "
-    assert Runner(loaded, RunnerOptions(prompt="query: "))._prepare(" Hi ") == "query: Hi"
+    # Whitespace is kept by default (sentence-transformers >= 5.4, vLLM, TEI); --strip opts in.
+    assert Runner(loaded)._prepare("  Hello  ") == "  Hello  "
+    assert Runner(loaded, RunnerOptions(strip=True))._prepare(" Hi ") == "Hi"
+    assert Runner(loaded, RunnerOptions(prompt="query: ", strip=True))._prepare(" Hi ") == "query: Hi"
     original = loaded.spec
     loaded.spec = replace(original, do_lower_case=True)
     try:
-        assert Runner(loaded)._prepare(" Hi THERE ") == "hi there"
+        assert Runner(loaded, RunnerOptions(strip=True))._prepare(" Hi THERE ") == "hi there"
     finally:
         loaded.spec = original
 

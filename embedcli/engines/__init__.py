@@ -1,1 +1,1 @@
-"""Compute engines other than the local process (see `embedcli.engines.ray_engine`)."""
+"""Engines other than the local runner: `ray_engine` runs the same runner inside Ray actors."""

@@ -1,14 +1,16 @@
 """The Ray engine: embedcli's own runner inside Ray actors.
 
-What travels to the workers is a `WorkerSpec`: the resolved `ModelSpec` (a small frozen dataclass: paths,
-architecture, pooling, heads; no weights), the `ModelOptions` with the driver's resolved dtype, and the
-`RunnerOptions`. Each actor (`EmbedWorker`) loads the model once from it and runs every batch it is handed
-through `Runner.tokenize` + `Runner.run_encoded`, the same functions `Runner.map` runs in the local engine.
+What travels to the workers is a `RunnerRecipe` (`embedcli.compute.build`): the resolved `ModelSpec` (a
+small frozen dataclass: paths, architecture, pooling, heads; no weights), the `ModelOptions` with the
+driver's resolved dtype, and the `RunnerOptions` (which also say what kind of runner: a token runner's
+results carry token ids). Each actor (`EmbedWorker`) builds its runner with `build_runner`, the builder the
+CLI and `embedcli.Embedder` use, and runs every batch it is handed through `Runner.tokenize` +
+`Runner.run_encoded`, the same functions `Runner.map` runs in the local engine.
 
 Two ways in:
 
 - **The CLI** (`--engine ray`): `RayRunner` stands in for the local `Runner` inside the shared loop
-  (`embedcli.unattended`). The loop still reads, checks bad rows, commits shards through the staging area
+  (`embedcli.run`). The loop still reads, checks bad rows, commits shards through the staging area
   and the manifest, resumes and writes provenance; only the forward passes go to a pool of `--workers`
   actors: each batch is cut into up to `--workers` contiguous pieces, at most two pieces are queued per
   actor, and results are taken back in submission order, so output order, shard cuts, metadata and
@@ -22,16 +24,25 @@ Ray is optional (`pip install 'embedcli[ray]'`); nothing here imports it before 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+
+from embedcli.compute.build import RunnerRecipe, build_runner, embed_recipe
+from embedcli.compute.runner import Runner, RunStats, TokenRows
+from embedcli.errors import UsageError
+from embedcli.models.loader import ModelOptions
+from embedcli.models.spec import load_model_spec
 
 INSTALL_HINT = "pip install 'embedcli[ray]'  (ray[data]==2.60.0)"
 ERROR_COL = "embedcli_error"
+WorkerSpec = RunnerRecipe  # the name this module used before the builder was shared
 
 
 def require_ray() -> Any:
@@ -39,29 +50,17 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        from embedcli.jobs import UsageError
-
         raise UsageError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
     return ray
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """The picklable recipe of a worker's runner: model spec, load options, runner options."""
-
-    model_spec: Any  # embedcli.models.spec.ModelSpec
-    model_options: Any  # embedcli.models.loader.ModelOptions
-    runner_options: Any  # embedcli.runner.RunnerOptions
-    threads: int | None = None
-
-    @classmethod
-    def from_runner(cls, runner: Any, *, gpus: float = 0.0, threads: int | None = None) -> WorkerSpec:
-        """The spec of a driver-side runner, with its resolved dtype so workers compute what provenance says."""
-        model = runner.model
-        dtype = str(model.dtype).removeprefix("torch.")
-        device = "cuda" if gpus > 0 else "cpu"
-        options = replace(model.options, device=device, dtype="float32" if model.options.quantize else dtype)
-        return cls(model.spec, options, runner.options, threads)
+def recipe_of(runner: Runner, *, gpus: float = 0.0, threads: int | None = None) -> RunnerRecipe:
+    """The recipe of a driver-side runner, with its resolved dtype so workers compute what provenance says."""
+    model = runner.model
+    dtype = str(model.dtype).removeprefix("torch.")
+    device = "cuda" if gpus > 0 else "cpu"
+    options = replace(model.options, device=device, dtype="float32" if model.options.quantize else dtype)
+    return RunnerRecipe(model.spec, options, runner.options, threads)
 
 
 def _stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -77,15 +76,8 @@ def _stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
 class EmbedWorker:
     """One model copy: a Ray actor (CLI engine) and a `map_batches` callable class (Ray Data)."""
 
-    def __init__(self, spec: WorkerSpec, text_col: str = "text", output_col: str = "embedding") -> None:
-        import torch
-
-        from embedcli.models.loader import LoadedModel
-        from embedcli.runner import Runner
-
-        if spec.threads:
-            torch.set_num_threads(spec.threads)
-        self.runner = Runner(LoadedModel(spec.model_spec, spec.model_options), spec.runner_options)
+    def __init__(self, spec: RunnerRecipe, text_col: str = "text", output_col: str = "embedding") -> None:
+        self.runner = build_runner(spec)
         self.text_col = text_col
         self.output_col = output_col
 
@@ -110,8 +102,6 @@ class EmbedWorker:
     # -- Ray Data ------------------------------------------------------------------------------------
     def __call__(self, batch: Any) -> Any:
         """A pyarrow batch with `output_col` (fixed_size_list<float32>) and `embedcli_error` added."""
-        import pyarrow as pa
-
         texts = batch.column(self.text_col).to_pylist()
         n = len(texts)
         errors: list[str | None] = [
@@ -143,8 +133,6 @@ class EmbedWorker:
 def _init_ray(address: str | None) -> Any:
     ray = require_ray()
     if not ray.is_initialized():
-        import logging
-
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     return ray
 
@@ -153,6 +141,8 @@ def _concat(parts: list[Any]) -> Any:
     """The results of a batch's pieces as the result of the batch (row matrices or per-row lists)."""
     if len(parts) == 1:
         return parts[0]
+    if all(isinstance(p, TokenRows) for p in parts):
+        return TokenRows.concat(parts)
     if all(isinstance(p, np.ndarray) for p in parts):
         return np.concatenate(parts)
     out: list[Any] = []
@@ -168,8 +158,6 @@ class RayRunner:
         self, local: Any, *, address: str | None = None, workers: int = 1, gpus_per_worker: float = 0.0,
         cpus_per_worker: float = 1.0, in_flight_per_worker: int = 2, min_piece_rows: int = 16,
     ) -> None:
-        from embedcli.runner import RunStats
-
         self.local = local
         self.model = local.model
         self.options = local.options
@@ -184,7 +172,7 @@ class RayRunner:
         self.depth = max(1, in_flight_per_worker) * workers
         self.min_piece_rows = min_piece_rows
         threads = None if gpus_per_worker else max(1, int(cpus_per_worker))
-        self.spec = WorkerSpec.from_runner(local, gpus=gpus_per_worker, threads=threads)
+        self.spec = recipe_of(local, gpus=gpus_per_worker, threads=threads)
 
     def __getattr__(self, name: str) -> Any:  # anything else a command reads from its runner
         return getattr(self.__dict__["local"], name)
@@ -272,12 +260,10 @@ class RayRunner:
         return np.concatenate(parts) if parts else self.local.embed([])
 
 
-def ray_runner(local: Any, settings: Any) -> RayRunner:
+def ray_runner(local: Runner, *, address: str | None, workers: int, gpus_per_worker: float) -> RayRunner:
     """The Ray engine for the CLI's `--engine ray` flags."""
     require_ray()
-    return RayRunner(
-        local, address=settings.ray_address, workers=settings.workers, gpus_per_worker=settings.gpus_per_worker
-    )
+    return RayRunner(local, address=address, workers=workers, gpus_per_worker=gpus_per_worker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,7 +278,7 @@ def embed_spec(
     max_length: int | None = None,
     normalize: bool | None = None,
     max_batch_tokens: int | None = None,
-    strip: bool = True,
+    strip: bool = False,
     dimensions: int | None = None,
     prompt: str | None = None,
     prompt_name: str | None = None,
@@ -301,22 +287,15 @@ def embed_spec(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     threads: int | None = None,
-) -> WorkerSpec:
-    """The `WorkerSpec` `embedcli embed` would run with these options (resolved here, no weights loaded)."""
-    from embedcli.models.loader import ModelOptions
-    from embedcli.models.spec import load_model_spec
-    from embedcli.runner import RunnerOptions
-    from embedcli.task_jobs import embed_prompt, require_task
-
+) -> RunnerRecipe:
+    """The recipe `embedcli embed` would run with these options (resolved here, no weights loaded)."""
     spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, max_length=max_length)
-    require_task(spec, "embed", "embed")
-    options = RunnerOptions(
-        task="embed", max_batch_tokens=max_batch_tokens, normalize=normalize, strip=strip, dimensions=dimensions,
-        prompt=embed_prompt(spec, prompt, prompt_name), long_inputs=long_inputs,  # type: ignore[arg-type]
-        truncation_side=truncation_side,  # type: ignore[arg-type]
-    )
     load = ModelOptions(device=device, dtype=dtype, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    return WorkerSpec(spec, load, options, threads)
+    return embed_recipe(
+        spec, load, max_batch_tokens=max_batch_tokens, normalize=normalize, strip=strip, dimensions=dimensions,
+        prompt=prompt, prompt_name=prompt_name, long_inputs=long_inputs, truncation_side=truncation_side,
+        threads=threads,
+    )
 
 
 def embed_dataset(

@@ -1,4 +1,6 @@
-"""File I/O for embedcli: streaming input readers, atomic result writers and their errors."""
+"""File I/O for embedcli: streaming input readers, atomic result writers, the resume manifest and shard
+store, and their errors. Files only: never imports torch, a model or a run flag (the layer contracts in
+pyproject.toml check it); a caller decides what a path is (`check_output_path(path, as_dir=...)`)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from embedcli.io.errors import OutputError
+from embedcli.io.writers import output_format
 
 MANIFEST_FORMAT = "embedcli-manifest"
 MANIFEST_VERSION = 1
@@ -47,6 +51,11 @@ KEY_RECORDS = "embedcli.input_records"
 KEY_SKIPPED = "embedcli.skipped_rows"
 KEY_ERRORS = "embedcli.errors"
 KEY_COMPLETE = "embedcli.complete"
+# `--shard K/N` outputs (embedcli.run.sharding): which slice of how many records.
+KEY_SHARD = "embedcli.shard"
+KEY_SHARD_RANGE = "embedcli.shard_range"
+KEY_SHARD_TOTAL = "embedcli.shard_total"
+SHARD_KEYS = (KEY_SHARD, KEY_SHARD_RANGE, KEY_SHARD_TOTAL)
 
 
 def _sha(payload: Any) -> str:
@@ -293,12 +302,9 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
         return dict(manifest.metadata) if manifest and manifest.metadata else None
     if not os.path.isfile(path):
         return None
-    from embedcli.io.writers import output_format
 
     kind = output_format(path, fmt)
     if kind == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
         try:
             raw = pq.read_schema(path).metadata or {}

@@ -73,11 +73,11 @@ def temp_path(path: str) -> str:
     return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
 
 
-def check_output_path(path: str) -> None:
-    """Raise OutputError unless a file can be created at `path` (`-`, stdout, always passes)."""
+def check_output_path(path: str, *, as_dir: bool = False) -> None:
+    """Raise OutputError unless a file (`as_dir`: a directory of shards) can be created at `path` (`-` passes)."""
     if path == STDIN:
         return
-    if _shards_dir_output(path):  # a directory of shards: its parent must be writable
+    if as_dir or path.endswith(("/", os.sep)):  # a directory of shards: its parent must be writable
         path = os.path.abspath(path.rstrip("/" + os.sep) or path)
     elif os.path.isdir(path):
         raise OutputError(
@@ -96,16 +96,6 @@ def check_output_path(path: str) -> None:
             f"permission denied: cannot create files in {parent!r}",
             fix="choose a directory you can write to",
         )
-
-
-def _shards_dir_output(path: str) -> bool:
-    """An `-o` that names a directory of shards: a trailing /, `--shards-dir`, or a directory embedcli wrote."""
-    if path.endswith(("/", os.sep)):
-        return True
-    from embedcli.io.manifest import manifest_path
-    from embedcli.run_options import current_settings
-
-    return os.path.isfile(manifest_path(path)) or current_settings().shards_dir
 
 
 def _os_error(path: str, e: OSError) -> OutputError:

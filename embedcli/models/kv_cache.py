@@ -1,7 +1,7 @@
 """A per-layer KV cache for one long sequence prefilled in slices, and the attention that reads it.
 
 A decoder sequence longer than the token budget is fed in slices over successive packed forwards
-(chunked prefill, see `embedcli.prefill`). Each forward carries at most one such slice, laid out as
+(chunked prefill, see `embedcli.compute.prefill`). Each forward carries at most one such slice, laid out as
 the *last* rows of the flat buffer, after the whole short sequences packed around it. In every
 layer the attention function (`packed_attention_forward`, which hands over to `PrefixSlice.attention`
 when the forward call carries ``embedcli_prefix=...``) then:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,13 @@ from torch import nn
 from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
 from embedcli.models.layers import UnsupportedCheckpoint
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
+from embedcli.models.precision import (
+    ParityBar,
+    cpu_has_native_bf16,
+    decide_auto_dtype,
+    device_kind,
+    task_for_head,
+)
 from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
 from embedcli.pooling import (
     DispatchPooler,
@@ -25,11 +33,11 @@ from embedcli.pooling import (
     pooler_for_token_embed,
     resolve_classifier_activation,
 )
-from embedcli.pooling.activations import load_st_activation
+from embedcli.pooling.activations import load_st_activation, st_classifier_activation
 
-# Nothing may download weights at run time: transformers and the hub client stay offline.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Nothing downloads here: transformers only ever gets a resolved local folder and `local_files_only=True`.
+# (The environment is left alone: `embedcli.models.resolve` downloads a Hub id before loading, unless the
+# user set HF_HUB_OFFLINE.)
 
 _TOKEN_TYPE_MODELS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,21 +53,11 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), where bf16 beats float32."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
-
-
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA and on CPUs with native bf16 matmuls, float32 elsewhere.
+    """`auto`'s candidate: bfloat16 on CUDA and on CPUs with native bf16 matmuls, float32 elsewhere.
 
-    On such a CPU bf16 runs ~1.9x faster and stays within cosine 0.9999 of float32 for the
-    embedding models we measured (MEAN pooling and the heads accumulate in float32).
+    On such a CPU bf16 runs ~1.9x faster; `LoadedModel` keeps it only where the model passes its parity
+    probe (`embedcli.models.precision`), since some models drift past cosine 0.9999 in bf16.
     """
     if dtype == "auto":
         if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
@@ -138,6 +136,8 @@ class ModelOptions:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
+    task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
+    parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
     # `auto`: embedcli's own packed backbone where the model type has one (see models/backbones.py), else
     # transformers' modules; `own` refuses a model without one; `transformers` forces the old path
     # (tests, bisection). The EMBEDCLI_BACKBONE environment variable sets the default.
@@ -167,6 +167,11 @@ class LoadedModel:
         # int8 dynamic quantization runs on float32 weights; `auto` must not pick bf16 under it.
         quantized_auto = options.quantize and options.dtype == "auto"
         self.dtype = torch.float32 if quantized_auto else resolve_dtype(options.dtype, self.device)
+        self.dtype_reason = _explicit_reason(options, self.dtype, quantized_auto)
+        # `auto` with a bf16 candidate loads float32 weights and keeps bf16 only if the parity probe passes.
+        probe_auto = options.dtype == "auto" and self.dtype == torch.bfloat16
+        if probe_auto:
+            self.dtype = torch.float32
         # bf16 on a CPU runs as autocast over float32 weights: matmuls in bf16, norms and the residual
         # stream in float32. Same speed as bf16 weights here, but min cosine vs float32 0.9999+ instead
         # of 0.99990 on long BBC articles (bf16 LayerNorm/residual rounding accumulates over layers).
@@ -178,6 +183,7 @@ class LoadedModel:
         self.backbone, classifier = own if own is not None else self._load_backbone()
         self.pooler_config = PoolerConfig(
             seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
+            include_prompt=spec.include_prompt,
             tok_pooling_type="STEP" if options.step_tag_id is not None or options.returned_token_ids else "ALL",
             use_activation=spec.normalize if spec.head == "base" else None,
             logit_mean=options.logit_mean,
@@ -186,6 +192,8 @@ class LoadedModel:
             returned_token_ids=options.returned_token_ids,
         )
         self.pooler = self._build_pooler(classifier).to(self.device).eval()
+        if probe_auto:
+            self._settle_auto_dtype()
 
     # -- loading -----------------------------------------------------------------------------------
     def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
@@ -302,6 +310,8 @@ class LoadedModel:
         if spec.head == "sequence_classification":
             if self.options.activation:
                 activation = get_activation(self.options.activation, spec.num_labels)
+            elif spec.ce_activation:
+                activation = st_classifier_activation(load_st_activation(spec.ce_activation))
             else:
                 activation = resolve_classifier_activation(config)
             default = "LAST" if spec.is_decoder else "CLS"
@@ -321,6 +331,40 @@ class LoadedModel:
         else:
             activation = resolve_classifier_activation(config, static_num_labels=False)
         return DispatchPooler({"token_classify": pooler_for_token_classify(cfg, classifier, activation, head_dtype)})
+
+    def _settle_auto_dtype(self) -> None:
+        """Resolve `auto` between float32 (loaded) and bf16 by the model's parity probe (cached per model)."""
+        task = self.options.task or task_for_head(self.spec.head)
+        decision = decide_auto_dtype(
+            self, task, self._bf16_trial, kind=device_kind(self.device), bar=self.options.parity_bar
+        )
+        # The same words whether probed now or read from the cache: outputs of one set must agree.
+        self.dtype_decision = decision
+        self.dtype_reason = decision.reason
+        if decision.dtype == "bfloat16":
+            self._use_bf16()
+
+    def _use_bf16(self) -> None:
+        self.dtype = torch.bfloat16
+        # CPU: autocast over float32 weights (see __init__); CUDA: bf16 weights.
+        self.autocast = self.device.type == "cpu"
+        if not self.autocast:
+            self.backbone.to(torch.bfloat16)
+            self.weight_dtype = torch.bfloat16
+
+    @contextlib.contextmanager
+    def _bf16_trial(self) -> Iterator[None]:
+        """Forwards inside run as `--dtype bfloat16` would; the float32 weights are left untouched."""
+        saved = self.dtype, self.autocast, self.weight_dtype, self.backbone
+        if self.device.type != "cpu":
+            import copy
+
+            self.backbone = copy.deepcopy(self.backbone)
+        try:
+            self._use_bf16()
+            yield
+        finally:
+            self.dtype, self.autocast, self.weight_dtype, self.backbone = saved
 
     # -- running -----------------------------------------------------------------------------------
     def position_ids(self, lengths: list[int]) -> torch.Tensor:
@@ -378,6 +422,18 @@ class LoadedModel:
             kwargs["use_cache"] = False
         out = self.backbone(input_ids=ids[None], position_ids=positions[None], **kwargs)
         return out.last_hidden_state[0]
+
+
+def _explicit_reason(options: ModelOptions, dtype: torch.dtype, quantized_auto: bool) -> str:
+    """Why the dtype is what it is when no parity probe runs."""
+    name = str(dtype).removeprefix("torch.")
+    if options.dtype != "auto":
+        return f"--dtype {options.dtype}"
+    if quantized_auto:
+        return "auto: float32 under --quantize (int8 dynamic quantization runs on float32 weights)"
+    if dtype == torch.float32:
+        return "auto: float32 on this device (no native bf16 matmul)"
+    return f"auto: {name}"
 
 
 def _mpnet_packed_forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo) -> torch.Tensor:

@@ -8,7 +8,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
+from embedcli.models.st_config import (
+    MODE_TYPES,
+    ST_CONFIG,
+    ST_TYPES,
+    PoolingChoice,
+    check_activation,
+    read_classifier_activation,
+    read_json,
+    read_pooling,
+    read_similarity,
+    refuse_modular_cross_encoder,
+)
 
 DECODER_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
@@ -17,28 +30,7 @@ ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpne
 # Encoders whose position ids start after the padding index (fairseq style).
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
 
-# Module class paths in modules.json: the classic `sentence_transformers.models.*` names, and the ones
-# sentence-transformers >= 6 writes when it saves a model (`base.modules.*`, `sentence_transformer.modules.*`).
-_ST_TYPES = {
-    "dense": (
-        "sentence_transformers.models.Dense",
-        "sentence_transformers.base.modules.dense.Dense",
-        "pylate.models.Dense.Dense",
-    ),
-    "normalize": ("sentence_transformers.models.Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
-    "pooling": (
-        "sentence_transformers.models.Pooling",
-        "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
-    ),
-    "transformer": (
-        "sentence_transformers.models.Transformer",
-        "sentence_transformers.base.modules.transformer.Transformer",
-    ),
-}
-
-
-class ModelConfigError(ValueError):
-    """A model folder embedcli cannot serve, with the file at fault and the fix."""
+__all__ = ["ConfigRefusedError", "DenseSpec", "ModelConfigError", "ModelSpec", "load_model_spec"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +57,7 @@ class ModelSpec:
     hidden_size: int
     max_length: int
     do_lower_case: bool
-    seq_pooling_type: str
+    seq_pooling_type: str  # CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN, WEIGHTEDMEAN; several joined by "+"
     normalize: bool
     projector: tuple[DenseSpec, ...] = ()
     embedding_size: int = 0
@@ -79,6 +71,13 @@ class ModelSpec:
     problem_type: str | None = None
     st_activation: str | None = None
     sentence_transformers_layout: bool = False
+    pooling_modes: tuple[str, ...] = ()  # sentence-transformers names, concatenated in this order
+    include_prompt: bool = True
+    pooling_source: str = ""
+    # Classifier activation under sentence-transformers' CrossEncoder rules (import path); None: vLLM's rule.
+    ce_activation: str | None = None
+    activation_source: str = ""
+    similarity_source: str = ""
     weights: tuple[str, ...] = ()
     content_hash: str = field(default="", compare=False)
 
@@ -99,6 +98,16 @@ class ModelSpec:
         if self.head == "base":
             return "bi-encoder"
         return None
+
+    @property
+    def pooled_size(self) -> int:
+        """Width of the pooled vector before any projector or classifier (hidden size times the modes)."""
+        return self.hidden_size * max(1, len(self.pooling_modes)) if self.head == "base" else self.hidden_size
+
+    @property
+    def chunkable(self) -> bool:
+        """Whether `--long-inputs chunk` (a token-weighted mean of chunk vectors) is defined for the pooling."""
+        return self.include_prompt and self.seq_pooling_type in ("CLS", "MEAN", "LAST")
 
     def prompt(self, name: str) -> str:
         """The prompt text registered under `name`, or a ValueError listing the names there are."""
@@ -123,44 +132,11 @@ class ModelSpec:
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with path.open(encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{path}: not valid JSON ({e}); restore the file from the model's source") from e
-    if not isinstance(data, (dict, list)):
-        raise ModelConfigError(f"{path}: expected a JSON object")
-    return data  # type: ignore[return-value]
-
-
-def _st_pooling_type(path: Path) -> str:
-    """The single pooling mode of a sentence-transformers Pooling config; anything else is rejected."""
-    cfg = _read_json(path)
-    if "pooling_mode" in cfg and isinstance(cfg["pooling_mode"], str):
-        modes = [cfg["pooling_mode"]]
-    else:
-        modes = [k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
-    mapping = {"cls_token": "CLS", "cls": "CLS", "mean_tokens": "MEAN", "mean": "MEAN", "lasttoken": "LAST"}
-    if len(modes) != 1 or modes[0] not in mapping:
-        found = ", ".join(modes) or "none"
-        raise ModelConfigError(
-            f"{path}: pooling modes [{found}] are not supported; embedcli implements exactly one of "
-            "cls_token, mean_tokens, lasttoken (vLLM would silently fall back; we refuse instead). "
-            "Edit the file to one supported mode if that is what you want."
-        )
-    if cfg.get("include_prompt") is False:
-        raise ModelConfigError(
-            f"{path}: include_prompt=false (excluding prompt tokens from pooling) is not supported"
-        )
-    return mapping[modes[0]]
-
-
 def _dense_spec(folder: Path, rel: str) -> DenseSpec:
     cfg_path = folder / rel / "config.json"
     if not cfg_path.is_file():
         raise ModelConfigError(f"{cfg_path}: missing; the Dense module {rel!r} in modules.json cannot be loaded")
-    cfg = _read_json(cfg_path)
+    cfg = read_json(cfg_path)
     if cfg.get("use_residual"):
         # sentence-transformers >= 6: output = activation(linear(x)) + x (or a projected x); not implemented.
         raise ModelConfigError(f"{cfg_path}: use_residual=true (a residual Dense) is not supported")
@@ -170,7 +146,9 @@ def _dense_spec(folder: Path, rel: str) -> DenseSpec:
             in_features=int(cfg["in_features"]),
             out_features=int(cfg["out_features"]),
             bias=bool(cfg.get("bias", True)),
-            activation=str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")),
+            activation=check_activation(
+                cfg.get("activation_function", "torch.nn.modules.activation.Tanh"), cfg_path, "activation_function"
+            ),
         )
     except KeyError as e:
         raise ModelConfigError(f"{cfg_path}: missing key {e}") from e
@@ -212,19 +190,23 @@ def _hash_files(folder: Path, names: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_model_spec(
-    model: str | None,
-    *,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    max_length: int | None = None,
-) -> ModelSpec:
-    """Resolve `model` offline and read its configuration into a `ModelSpec`."""
-    folder = resolve_model_path(model)
+@dataclass(frozen=True)
+class _BaseConfig:
+    """What config.json says: architecture, head, model type and size."""
+
+    config: dict[str, Any]
+    architecture: str
+    model_type: str
+    head: str
+    is_decoder: bool
+    hidden: int
+
+
+def _read_base_config(folder: Path, trust_remote_code: bool) -> _BaseConfig:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelConfigError(f"{config_path}: missing; pass a model folder that holds config.json")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     if config.get("auto_map") and not trust_remote_code:
         raise ModelConfigError(
             f"{config_path}: the model asks for its own Python code (auto_map); embedcli does not run remote "
@@ -239,86 +221,140 @@ def load_model_spec(
         )
     if not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
         raise ModelConfigError(f"{folder}: no tokenizer files (tokenizer.json) found; the model folder is incomplete")
-    weights = _weights(folder, allow_pickle)
-    is_decoder = model_type in DECODER_TYPES
-    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
-    head = _head_kind(architecture)
+    return _BaseConfig(
+        config=config,
+        architecture=architecture,
+        model_type=model_type,
+        head=_head_kind(architecture),
+        is_decoder=model_type in DECODER_TYPES,
+        hidden=int(config.get("hidden_size") or config.get("dim") or 0),
+    )
 
+
+@dataclass(frozen=True)
+class _Modules:
+    """What modules.json and its module folders say: pooling, projector, normalization."""
+
+    st_layout: bool
+    pooling: PoolingChoice
+    normalize: bool
+    projector: tuple[DenseSpec, ...]
+    types: tuple[str, ...]
+
+
+def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
     modules_path = folder / "modules.json"
-    st_layout = modules_path.is_file()
-    seq_pooling = "LAST" if is_decoder else "CLS"
-    normalize = True
+    default_mode = "lasttoken" if base.is_decoder else "cls"
+    why = f"the {base.architecture} head's token" if base.head != "base" else "no Pooling module, as vLLM"
+    pooling = PoolingChoice((default_mode,), True, f"default ({default_mode}: {why})")
+    if not modules_path.is_file():
+        return _Modules(False, pooling, True, (), ())
+    modules = read_json(modules_path)
+    types = tuple(str(m.get("type", "")) for m in modules)
     projector: list[DenseSpec] = []
-    if st_layout:
-        modules = _read_json(modules_path)
-        types = [m.get("type", "") for m in modules]
-        normalize = any(t in _ST_TYPES["normalize"] for t in types)
-        for module in modules:
-            kind = module.get("type", "")
-            if kind in _ST_TYPES["pooling"]:
-                seq_pooling = _st_pooling_type(folder / module["path"] / "config.json")
-            elif kind in _ST_TYPES["dense"]:
-                projector.append(_dense_spec(folder, module["path"]))
-            elif kind not in _ST_TYPES["normalize"] + _ST_TYPES["transformer"]:
-                raise ModelConfigError(f"{modules_path}: module type {kind!r} is not supported")
+    for module, kind in zip(modules, types, strict=True):
+        if kind in ST_TYPES["pooling"]:
+            pooling = read_pooling(folder / module["path"] / "config.json", folder)
+        elif kind in ST_TYPES["dense"]:
+            projector.append(_dense_spec(folder, module["path"]))
+        elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"]:
+            raise ConfigRefusedError(f"{modules_path}: module type {kind!r} is not supported")
+    pooled = base.hidden * len(pooling.modes)
+    if projector and projector[0].in_features != pooled:
+        raise ModelConfigError(
+            f"{folder / projector[0].path / 'config.json'}: Dense in_features {projector[0].in_features} "
+            f"does not match the pooled size {pooled} (hidden {base.hidden} x {len(pooling.modes)} pooling modes)"
+        )
+    normalize = any(t in ST_TYPES["normalize"] for t in types)
+    return _Modules(True, pooling, normalize, tuple(projector), types)
 
-    st_cfg_path = folder / "config_sentence_transformers.json"
-    st_cfg = _read_json(st_cfg_path) if st_cfg_path.is_file() else {}
-    sbert_path = folder / "sentence_bert_config.json"
-    sbert = _read_json(sbert_path) if sbert_path.is_file() else {}
 
-    model_max = int(config.get("max_position_embeddings") or 512)
-    if model_type in POSITION_OFFSET_TYPES:
+def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layout: bool, requested: int | None) -> int:
+    model_max = int(base.config.get("max_position_embeddings") or 512)
+    if base.model_type in POSITION_OFFSET_TYPES:
         model_max -= 2
+    if requested is not None:
+        if requested < 1 or requested > model_max:
+            raise ConfigRefusedError(
+                f"--max-length {requested} is outside 1..{model_max} for this model "
+                f"({folder / 'config.json'}: max_position_embeddings)"
+            )
+        return requested
     st_max = sbert.get("max_seq_length")
     if st_layout and not st_max:
         # sentence-transformers >= 6 keeps the limit in the tokenizer config, not sentence_bert_config.json.
         tok_cfg_path = folder / "tokenizer_config.json"
-        tok_max = _read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
+        tok_max = read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
         if isinstance(tok_max, int) and 0 < tok_max < model_max:
             st_max = tok_max
-    resolved_max = int(st_max or model_max)
-    if max_length is not None:
-        if max_length < 1 or max_length > model_max:
-            raise ModelConfigError(f"--max-length {max_length} is outside 1..{model_max} for this model")
-        resolved_max = max_length
+    return int(st_max or model_max)
 
-    matryoshka = config.get("matryoshka_dimensions")
+
+def _labels(config: dict[str, Any], head: str) -> tuple[int, tuple[str, ...]]:
+    if head == "base":
+        return 0, ()
     id2label_raw = config.get("id2label") or {}
-    num_labels = int(config.get("num_labels") or len(id2label_raw) or (0 if head == "base" else 2))
+    num_labels = int(config.get("num_labels") or len(id2label_raw) or 2)
     id2label = tuple(str(id2label_raw.get(str(i), id2label_raw.get(i, f"LABEL_{i}"))) for i in range(num_labels))
-    st_ce = config.get("sentence_transformers") or {}
-    embedding_size = projector[-1].out_features if projector else hidden
-    if projector and projector[0].in_features != hidden:
-        raise ModelConfigError(
-            f"{folder / projector[0].path / 'config.json'}: Dense in_features {projector[0].in_features} "
-            f"does not match the model's hidden size {hidden}"
-        )
+    return num_labels, id2label
 
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return read_json(path) if path.is_file() else {}
+
+
+def load_model_spec(
+    model: str | None,
+    *,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    max_length: int | None = None,
+) -> ModelSpec:
+    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`."""
+    folder = resolve_model_path(model, allow_pickle=allow_pickle)
+    base = _read_base_config(folder, trust_remote_code)
+    weights = _weights(folder, allow_pickle)
+    mods = _read_modules(folder, base)
+    st_cfg = _optional_json(folder / ST_CONFIG)
+    refuse_modular_cross_encoder(folder, st_cfg, mods.types, base.head)
+    sbert = _optional_json(folder / "sentence_bert_config.json")
+    config = base.config
+    num_labels, id2label = _labels(config, base.head)
+    activation = read_classifier_activation(folder, config, st_cfg, num_labels) if base.head != "base" else None
+    similarity, similarity_source = read_similarity(folder, st_cfg)
+    matryoshka = config.get("matryoshka_dimensions")
+    projector = mods.projector
     return ModelSpec(
         name=str(model) if model else DEFAULT_MODEL,
         path=str(folder),
-        architecture=architecture,
-        model_type=model_type,
-        head=head,
-        is_decoder=is_decoder,
-        hidden_size=hidden,
-        max_length=resolved_max,
+        architecture=base.architecture,
+        model_type=base.model_type,
+        head=base.head,
+        is_decoder=base.is_decoder,
+        hidden_size=base.hidden,
+        max_length=_max_length(folder, base, sbert, mods.st_layout, max_length),
         do_lower_case=bool(sbert.get("do_lower_case", False)),
-        seq_pooling_type=seq_pooling,
-        normalize=normalize,
-        projector=tuple(projector),
-        embedding_size=embedding_size,
+        seq_pooling_type="+".join(MODE_TYPES[m] for m in mods.pooling.modes),
+        normalize=mods.normalize,
+        projector=projector,
+        embedding_size=projector[-1].out_features if projector else base.hidden * len(mods.pooling.modes),
         is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
         prompts=tuple((str(k), str(v)) for k, v in (st_cfg.get("prompts") or {}).items()),
         default_prompt_name=st_cfg.get("default_prompt_name"),
-        similarity_fn_name=str(st_cfg.get("similarity_fn_name") or "cosine"),
-        num_labels=num_labels if head != "base" else 0,
-        id2label=id2label if head != "base" else (),
+        similarity_fn_name=similarity,
+        num_labels=num_labels,
+        id2label=id2label,
         problem_type=config.get("problem_type"),
-        st_activation=st_ce.get("activation_fn") or config.get("sbert_ce_default_activation_function"),
-        sentence_transformers_layout=st_layout,
+        st_activation=(config.get("sentence_transformers") or {}).get("activation_fn")
+        or config.get("sbert_ce_default_activation_function"),
+        sentence_transformers_layout=mods.st_layout,
+        pooling_modes=mods.pooling.modes,
+        include_prompt=mods.pooling.include_prompt,
+        pooling_source=mods.pooling.source,
+        ce_activation=activation.path if activation else None,
+        activation_source=activation.source if activation else "",
+        similarity_source=similarity_source,
         weights=weights,
         content_hash=_hash_files(
             folder, ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector)]

@@ -1,4 +1,4 @@
-"""vLLM's pooler re-made in pure PyTorch: methods, activations, heads, poolers and their parameters."""
+"""vLLM's pooler re-made in pure PyTorch: methods, activations, heads, poolers and their parameters (no I/O)."""
 
 from embedcli.pooling.activations import (
     LambdaPoolerActivation,

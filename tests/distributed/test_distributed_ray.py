@@ -108,8 +108,8 @@ def test_killed_ray_run_resumes_from_the_manifest(cli, st_model: Path, corpus: P
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Data's own context fields
 def test_embed_dataset_keeps_bad_rows_as_error_records(st_model: Path, tiny_loaded) -> None:  # type: ignore[no-untyped-def]
+    from embedcli.compute.runner import Runner
     from embedcli.engines.ray_engine import ERROR_COL, embed_dataset
-    from embedcli.runner import Runner
 
     texts = [f"row {i} about the market" for i in range(40)]
     items = [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)]

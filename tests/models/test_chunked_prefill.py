@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from embedcli.compute.prefill import plan_forwards, slice_bounds
+from embedcli.compute.runner import Encoded, Runner, RunnerOptions
 from embedcli.models.kv_cache import PrefixSlice, SequenceKVCache, prefix_causal_mask
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.packing import PackInfo, packed_attention
 from embedcli.models.spec import load_model_spec
-from embedcli.prefill import plan_forwards, slice_bounds
-from embedcli.runner import Encoded, Runner, RunnerOptions
 
 DOC_TOKENS = 4000
 SHORTS = [37, 5, 120, 250, 64, 1, 90]

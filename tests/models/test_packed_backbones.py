@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedcli.runner import Runner, RunnerOptions
+from embedcli.compute.runner import Runner, RunnerOptions
 from tests.fixtures.tiny_models import DECODERS, ENCODERS, LONG_TEXT, PAD_ID, SAMPLE_TEXTS
 
 ARCHS = ENCODERS + DECODERS

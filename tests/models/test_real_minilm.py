@@ -11,9 +11,9 @@ import importlib.resources
 import numpy as np
 import pytest
 
+from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
-from embedcli.runner import Runner, RunnerOptions
 
 TOPICS = ("business", "entertainment", "politics", "sports", "tech")
 ARTICLES_PER_TOPIC = 40

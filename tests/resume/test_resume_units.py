@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from embedcli.io.manifest import Manifest, ShardEntry
 from embedcli.io.shards import keys_array, keys_numpy, row_keys
-from embedcli.progress import Progress
-from embedcli.unattended import IdSet
+from embedcli.run.ids import IdSet
+from embedcli.run.progress import Progress
 
 
 def test_idset_finds_repeats_within_and_across_batches_with_the_first_location() -> None:

@@ -73,8 +73,9 @@ def test_dimensions_and_prompt_names_are_validated(cli, st_stack, corpus, tmp_pa
     folder, _ = st_stack
     err = cli("embed", corpus, "-m", folder, "--dimensions", "50", "-o", tmp_path / "x.parquet", code=2)
     assert "not one of the model's Matryoshka sizes: 128, 64, 32" in err.stderr
-    err = cli("embed", corpus, "--dimensions", "64", "-o", tmp_path / "x.parquet", code=2)  # MiniLM: not Matryoshka
-    assert "matryoshka" in err.stderr.lower()
+    # MiniLM declares no Matryoshka dims: truncated with a note (tests/models/test_st_parity.py), but never widened.
+    err = cli("embed", corpus, "--dimensions", "385", "-o", tmp_path / "x.parquet", code=2)
+    assert "dimensions 385 exceeds the embedding size 384" in err.stderr
     err = cli("embed", corpus, "-m", folder, "--prompt-name", "nope", "-o", tmp_path / "x.parquet", code=2)
     assert "'nope' is not one of the model's prompts (document, query)" in err.stderr
     err = cli("embed", corpus, "--precision", "int4", "-o", tmp_path / "x.parquet", code=2)
@@ -128,12 +129,12 @@ def test_int8_output_is_resumable_idempotent_and_refuses_to_mix(cli, corpus, tmp
     cli("embed", corpus, "-o", out, "-q", "--precision", "uint8", "--overwrite")
     assert pq.read_table(out).schema.field("embedding").type.value_type == "uint8"
     # a run that dies after the float32 spool was committed resumes from it (no forward pass left to do)
-    import embedcli.task_jobs
+    import embedcli.tasks.embed
 
     def die(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OSError("disk full")
 
-    monkeypatch.setattr(embedcli.task_jobs, "_quantize_spool", die)
+    monkeypatch.setattr(embedcli.tasks.embed, "_quantize_spool", die)
     cli("embed", corpus, "-o", tmp_path / "r.parquet", "-q", "--precision", "int8", code=1)
     monkeypatch.undo()
     spool = tmp_path / ("r.parquet" + ".embedcli-float32.parquet")

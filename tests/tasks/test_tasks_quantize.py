@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
+from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array, open_writer
-from embedcli.jobs import UsageError
 from embedcli.quantize import Quantizer, load_calibration, make_quantizer, output_width, quantize, ranges_of
 
 

@@ -83,9 +83,9 @@ def test_score_cross_encoder_equals_predict_on_long_and_whitespace_pairs(cli, ta
 
 def test_pair_truncation_is_longest_first(task_models, two_threads):
     """A short query stays whole and the document is cut; two long sides are cut to about half each."""
+    from embedcli.compute.runner import Runner, RunnerOptions
     from embedcli.models.loader import LoadedModel, ModelOptions
     from embedcli.models.spec import load_model_spec
-    from embedcli.runner import Runner, RunnerOptions
 
     spec = load_model_spec(str(task_models("cross-encoder")), max_length=32)
     runner = Runner(LoadedModel(spec, ModelOptions(device="cpu")), RunnerOptions(task="classify", strip=False))
@@ -99,11 +99,11 @@ def test_pair_truncation_is_longest_first(task_models, two_threads):
 
 def test_pairs_are_not_stripped(task_models, two_threads):
     """CrossEncoder passes pairs to the tokenizer as they are; so do rerank and score (for every method)."""
-    from embedcli.jobs import ModelChoice
-    from embedcli.task_jobs import PairOptions, _pair_scorer
+    from embedcli.tasks.common import ModelChoice
+    from embedcli.tasks.pairs import PairOptions, pair_scorer
 
     for model in (str(task_models("cross-encoder")), None):
-        _, runner, scorer = _pair_scorer(ModelChoice(model, device="cpu", dtype="float32"), PairOptions(), "score")
+        runner, scorer = pair_scorer(ModelChoice(model, device="cpu", dtype="float32"), PairOptions(), "score")
         assert runner.options.strip is False
         assert runner._prepare("  a  ") == "  a  "
         assert scorer.pair_inputs(["  q "], [" d  "])[0] in (("  q ", " d  "), "  q ")

@@ -1,89 +1,21 @@
-"""Settings of unattended runs (resume, incremental, bad rows, progress) and the CLI flags that set them.
+"""The CLI flags of unattended runs (the "Resume & errors", "Progress" and "Distributed" panels).
 
-Every compute command shares one loop (`embedcli.jobs.run_rows`); it reads these settings from a
-context variable, so a command only needs the `@unattended` decorator (under `@app.command`) to gain
-the flags of the "Resume & errors" panel and `--log-every`; its own signature stays as it is.
+`@unattended` (under `@app.command`) adds them to a compute command and hands the command one checked
+`RunFlags` as its `flags` argument; the command's own signature stays as it is.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import inspect
 import typing
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any
 
-ON_ERROR = ("fail", "skip")
-RESUME = "Resume & errors"
-PROGRESS = "Progress"
-DISTRIBUTED = "Distributed"
-ENGINES = ("local", "ray")
+import typer
 
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How a run commits, resumes, treats bad rows and reports progress."""
-
-    on_error: str = "fail"
-    errors_file: str | None = None
-    max_errors: int | None = None
-    overwrite: bool = False
-    incremental: bool = False
-    previous: str | None = None
-    shards_dir: bool = False
-    shard_rows: int = 20_000
-    commit_every: float = 60.0
-    log_every: float = 30.0
-    engine: str = "local"
-    ray_address: str | None = None
-    workers: int = 1
-    gpus_per_worker: float = 0.0
-    shard: str | None = None
-
-    def check(self) -> RunSettings:
-        """Raise UsageError for bad or conflicting values."""
-        from embedcli.jobs import UsageError
-
-        if self.on_error not in ON_ERROR:
-            raise UsageError(f"--on-error {self.on_error!r}: choose fail or skip")
-        if self.max_errors is not None:
-            if self.max_errors < 0:
-                raise UsageError("--max-errors must be 0 or more")
-            if self.on_error != "skip":
-                raise UsageError("--max-errors only applies with --on-error skip")
-        if self.previous and not self.incremental:
-            raise UsageError("--previous only applies with --incremental")
-        if self.shard_rows < 1:
-            raise UsageError("--shard-rows must be at least 1")
-        if self.commit_every <= 0:
-            raise UsageError("--commit-every must be more than 0 seconds")
-        if self.log_every < 0:
-            raise UsageError("--log-every must be 0 or more seconds")
-        from embedcli.sharding import check_distributed
-
-        check_distributed(self)
-        return self
-
-
-_CURRENT: contextvars.ContextVar[RunSettings | None] = contextvars.ContextVar("embedcli_run_settings", default=None)
-
-
-def current_settings() -> RunSettings:
-    """The settings of the command being run (defaults outside the CLI)."""
-    return _CURRENT.get() or RunSettings()
-
-
-@contextlib.contextmanager
-def use_settings(settings: RunSettings | None = None, **changes: Any) -> Iterator[RunSettings]:
-    """Run a block with these settings (from Python: `with use_settings(on_error="skip"): run_embed(...)`)."""
-    value = replace(settings or current_settings(), **changes)
-    token = _CURRENT.set(value)
-    try:
-        yield value
-    finally:
-        _CURRENT.reset(token)
+from embedcli.errors import UsageError
+from embedcli.run.flags import DISTRIBUTED, PROGRESS, RESUME, RunFlags
+from embedcli.run.signals import terminate_as_interrupt
 
 
 def _env(flag: str) -> str:
@@ -92,9 +24,7 @@ def _env(flag: str) -> str:
 
 def _options() -> list[tuple[str, Any, Any]]:
     """(parameter name, annotation, typer.Option) of every flag the decorator adds."""
-    import typer
-
-    d = RunSettings()
+    d = RunFlags()
     return [
         ("overwrite", bool, typer.Option(
             False, "--overwrite", envvar=_env("overwrite"), rich_help_panel=RESUME,
@@ -145,10 +75,8 @@ def _options() -> list[tuple[str, Any, Any]]:
 
 
 def _distributed_options() -> list[tuple[str, Any, Any]]:
-    """The "Distributed" panel: the Ray engine and static sharding (see `embedcli.sharding`)."""
-    import typer
-
-    d = RunSettings()
+    """The "Distributed" panel: the Ray engine and static sharding (see `embedcli.run.sharding`)."""
+    d = RunFlags()
     return [
         ("engine", str, typer.Option(
             d.engine, "--engine", envvar=_env("engine"), rich_help_panel=DISTRIBUTED,
@@ -178,18 +106,16 @@ def _distributed_options() -> list[tuple[str, Any, Any]]:
 
 
 def unattended(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for compute commands: adds the resume/error/progress flags and runs the body with them.
+    """Decorator for compute commands: adds the resume/error/progress flags; the body gets them as `flags`.
 
-    Put it under `@app.command(...)`. SIGTERM is turned into KeyboardInterrupt for the whole command,
+    Put it under `@app.command(...)`; the body takes a keyword `flags: RunFlags` that typer does not see. SIGTERM is turned into KeyboardInterrupt for the whole command,
     so a run stopped before its loop starts still exits 130.
     """
-    from embedcli.signals import terminate_as_interrupt
-
     options = _options()
     names = {name for name, _, _ in options}
     signature = inspect.signature(fn)
     hints = typing.get_type_hints(fn)
-    params = list(signature.parameters.values())
+    params = [p for p in signature.parameters.values() if p.name != "flags"]
     clash = names & {p.name for p in params}
     if clash:
         raise TypeError(f"{fn.__name__} already has parameters {sorted(clash)}")
@@ -206,18 +132,14 @@ def unattended(fn: Callable[..., Any]) -> Callable[..., Any]:
     )
 
     def wrapper(**kwargs: Any) -> Any:
-        from embedcli.jobs import UsageError
-
         own = {name: kwargs.pop(name) for name in names}
         try:
-            settings = RunSettings(**own).check()
+            flags = RunFlags(**own)
         except UsageError as e:
-            import typer
-
             typer.echo(f"embedcli: usage error: {e}", err=True)
             raise typer.Exit(2) from None
-        with use_settings(settings), terminate_as_interrupt():
-            return fn(**kwargs)
+        with terminate_as_interrupt():
+            return fn(**kwargs, flags=flags)
 
     wrapper.__name__ = fn.__name__
     wrapper.__qualname__ = fn.__qualname__

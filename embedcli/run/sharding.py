@@ -11,7 +11,7 @@ by range start (`embedcli merge`) gives the rows of the unsharded run, in order.
 
 Each shard output carries `embedcli.shard` (K/N), `embedcli.shard_range` (start:stop) and
 `embedcli.shard_total` in its metadata next to the usual provenance; `embedcli inspect OUT-* --check` checks
-the set is complete (every range once, same config, model and inputs) and `embedcli.merge` joins it.
+the set is complete (every range once, same config, model and inputs) and `embedcli merge` joins it.
 
 Duplicate ids are detected within a shard only (a repeat whose first occurrence is in another shard is not
 seen); `embedcli merge` reports ids repeated across shards.
@@ -23,48 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from embedcli.unattended import BatchSource, subset
+import numpy as np
 
-KEY_SHARD = "embedcli.shard"
-KEY_SHARD_RANGE = "embedcli.shard_range"
-KEY_SHARD_TOTAL = "embedcli.shard_total"
-KEY_ENGINE = "embedcli.engine"
-SHARD_KEYS = (KEY_SHARD, KEY_SHARD_RANGE, KEY_SHARD_TOTAL)
-
-
-def parse_shard(value: str) -> tuple[int, int]:
-    """`"K/N"` → (K, N) with 0 <= K < N; UsageError otherwise."""
-    from embedcli.jobs import UsageError
-
-    try:
-        k_text, n_text = value.split("/")
-        k, n = int(k_text), int(n_text)
-    except ValueError:
-        raise UsageError(f"--shard {value!r}: expected K/N, e.g. 0/4 (K counts from 0)") from None
-    if n < 1 or not 0 <= k < n:
-        raise UsageError(f"--shard {value!r}: K must be in 0..N-1 and N at least 1")
-    return k, n
-
-
-def check_distributed(settings: Any) -> None:
-    """UsageError for bad or conflicting Distributed flags (called by `RunSettings.check`)."""
-    from embedcli.jobs import UsageError
-    from embedcli.run_options import ENGINES
-
-    if settings.engine not in ENGINES:
-        raise UsageError(f"--engine {settings.engine!r}: choose local or ray")
-    if settings.workers < 1:
-        raise UsageError("--workers must be at least 1")
-    if settings.gpus_per_worker < 0:
-        raise UsageError("--gpus-per-worker must be 0 or more")
-    if settings.engine == "local" and (
-        settings.ray_address or settings.workers != 1 or settings.gpus_per_worker
-    ):
-        raise UsageError("--ray-address, --workers and --gpus-per-worker need --engine ray")
-    if settings.shard is not None:
-        parse_shard(settings.shard)
-        if settings.incremental:
-            raise UsageError("--shard and --incremental do not combine: run --incremental on the merged output")
+from embedcli.errors import STDIN, UsageError
+from embedcli.io.manifest import KEY_SHARD, KEY_SHARD_RANGE, KEY_SHARD_TOTAL
+from embedcli.run.flags import parse_shard
+from embedcli.run.source import BatchSource, subset
 
 
 def shard_range(k: int, n: int, total: int) -> tuple[int, int]:
@@ -90,7 +54,7 @@ def count_records(source: BatchSource, paths: Sequence[str] | None = None) -> in
     return sum(len(errs) + (len(b) if b is not None else 0) for errs, b in _records(source, paths, None))
 
 
-@dataclass
+@dataclass(frozen=True)
 class RangeSource(BatchSource):
     """A `BatchSource` restricted to records `[start, stop)`; the shared loop sees only those records."""
 
@@ -121,8 +85,6 @@ class RangeSource(BatchSource):
             lo, hi = max(self.start - pos, 0), min(self.stop - pos, n)
             pos += n
             if lo < hi:
-                import numpy as np
-
                 yield batch if (lo, hi) == (0, n) else subset(batch, np.arange(lo, hi))
 
     def options(self) -> dict[str, Any]:
@@ -132,14 +94,10 @@ class RangeSource(BatchSource):
 
 def shard_source(source: Any, shard: str) -> tuple[RangeSource, dict[str, str]]:
     """The records of `--shard K/N` of `source`, and the metadata keys its output carries."""
-    from embedcli.jobs import UsageError
-
     if not isinstance(source, BatchSource):
         raise UsageError("--shard needs input files (the records are counted before the run)")
     k, n = parse_shard(shard)
     paths = source.paths()
-    from embedcli.io.errors import STDIN
-
     if STDIN in paths:
         raise UsageError("--shard needs input files, not - (stdin): the records are counted before the run")
     total = count_records(source, paths)

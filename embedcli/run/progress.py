@@ -6,6 +6,8 @@ import sys
 import time
 from typing import IO, Any
 
+from tqdm import tqdm
+
 
 def _duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
@@ -54,7 +56,6 @@ class Progress:
         self._last_line = self.started
         self._bar: Any = None
         if not quiet and self.tty:
-            from tqdm import tqdm
 
             self._bar = tqdm(
                 total=total,

@@ -15,6 +15,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.errors import UsageError
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -28,11 +32,18 @@ from embedcli.io.manifest import (
     KEY_OUTPUT,
     KEY_RECORDS,
     KEY_ROWS,
+    KEY_SHARD,
+    KEY_SHARD_RANGE,
+    KEY_SHARD_TOTAL,
     KEY_SKIPPED,
+    SHARD_KEYS,
+    Manifest,
     manifest_path,
     output_metadata,
 )
-from embedcli.sharding import KEY_SHARD, KEY_SHARD_RANGE, KEY_SHARD_TOTAL, SHARD_KEYS
+from embedcli.io.writers import check_output_path, open_writer
+from embedcli.run.ids import IdSet
+from embedcli.tasks.inspect import inspect_output
 
 
 def expand_members(paths: Sequence[str]) -> list[str]:
@@ -73,7 +84,6 @@ def _input_options(meta: dict[str, str]) -> dict[str, Any]:
 
 def inspect_set(paths: Sequence[str]) -> dict[str, Any]:
     """A report on a set of shard outputs: each member's own report plus the set's completeness."""
-    from embedcli.inspect import inspect_output
 
     members = expand_members(paths)
     report: dict[str, Any] = {"path": ", ".join(paths), "set": True, "members": [], "problems": [], "mixed": False}
@@ -150,7 +160,6 @@ def format_set_report(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _data_files(path: str) -> list[str]:
-    from embedcli.io.manifest import Manifest
 
     if os.path.isdir(path):
         manifest = Manifest.load(path)
@@ -164,11 +173,7 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
 
     UsageError when the set is incomplete or mixed (unless `force`, which still needs every member readable).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from embedcli.io.writers import check_output_path, open_writer
-    from embedcli.jobs import UsageError
 
     report = inspect_set(paths)
     if report["status"] != "complete" and not force:
@@ -198,7 +203,6 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
     files = [f for _, m in metas for f in _data_files(m)]
     schema = pq.read_schema(files[0]).remove_metadata()
     writer = open_writer(output, schema, meta, fmt=fmt)
-    from embedcli.unattended import IdSet
 
     ids = IdSet()  # 16 bytes per row, not the ids themselves
     repeated: list[str] = []

@@ -6,6 +6,10 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -26,8 +30,11 @@ from embedcli.io.manifest import (
     staging_dir,
     strip_slash,
 )
+from embedcli.io.writers import output_format
 
-PROVENANCE_KEYS = ("embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype")
+PROVENANCE_KEYS = (
+    "embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype", "embedcli.dtype_reason"
+)
 
 
 def _loads(value: str | None) -> Any:
@@ -57,8 +64,6 @@ def _count_lines(path: str) -> int:
 def _file_rows(path: str, fmt: str) -> tuple[int | None, list[str], str | None]:
     """(rows actually in the file, columns, problem) of an output file."""
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
         try:
             pf = pq.ParquetFile(path)
@@ -67,7 +72,6 @@ def _file_rows(path: str, fmt: str) -> tuple[int | None, list[str], str | None]:
         return pf.metadata.num_rows, pf.schema_arrow.names, None
     if fmt == "jsonl":
         return _count_lines(path), [], None
-    import numpy as np
 
     try:
         arr = np.load(path, mmap_mode="r")
@@ -92,8 +96,6 @@ def _staged(root: str) -> dict[str, Any] | None:
 
 
 def _inspect_dir(path: str, report: dict[str, Any]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     manifest = Manifest.load(path)
     report["format"] = "parquet shards"
@@ -146,7 +148,6 @@ def _inspect_dir(path: str, report: dict[str, Any]) -> None:
 
 def inspect_output(path: str) -> dict[str, Any]:
     """What an output is: format, rows, provenance, complete or not (and why), skipped rows and errors."""
-    from embedcli.io.writers import output_format
 
     report: dict[str, Any] = {"path": path, "exists": False, "complete": False, "mixed": False, "problems": []}
     target = strip_slash(path)
@@ -215,8 +216,6 @@ def inspect_output(path: str) -> dict[str, Any]:
 
 
 def _index_state(index: str, meta: dict[str, str]) -> str:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         tag = (pq.read_schema(index).metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
@@ -233,7 +232,7 @@ def format_report(report: dict[str, Any]) -> list[tuple[str, str]]:
             value = report[key]
             lines.append((key, ", ".join(value) if isinstance(value, list) else str(value)))
     prov = report.get("provenance") or {}
-    for key in ("model", "version", "dtype"):
+    for key in ("model", "version", "dtype", "dtype_reason"):
         if prov.get(key):
             lines.append((key, str(prov[key])))
     for fp in report.get("inputs") or []:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -13,8 +14,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from embedcli.compute.prefill import run_long
+from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.loader import LoadedModel
-from embedcli.pooling import EmbeddingShape, PoolingConfigError, PoolingMetadata, PoolingParams
+from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
+from embedcli.pooling.poolers import pool_empty
 
 LongInputs = Literal["truncate", "error", "chunk"]
 TextInput = str | tuple[str, str]
@@ -23,21 +27,6 @@ TextInput = str | tuple[str, str]
 # in cache (16k is 15-20% slower); a GPU wants larger forwards to fill its cores (on an H200,
 # all-MiniLM-L6-v2 in bf16 ran 2.5x faster at 64k tokens than at 16k).
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 65536}
-
-
-class LongInputError(ValueError):
-    """An input longer than the model's max length under `--long-inputs error`."""
-
-    def __init__(self, index: int, length: int, max_length: int, where: str | None = None) -> None:
-        row = where or f"input row {index}"
-        super().__init__(
-            f"{row} has {length} tokens, more than the model's max length {max_length}; "
-            "use --long-inputs truncate or chunk, or shorten it"
-        )
-        self.where = where
-        self.index = index
-        self.length = length
-        self.max_length = max_length
 
 
 @dataclass
@@ -49,13 +38,28 @@ class RunnerOptions:
     max_length: int | None = None
     long_inputs: LongInputs = "truncate"
     truncation_side: Literal["right", "left"] = "right"
-    # sentence-transformers strips whitespace before tokenizing; we follow it for parity (vLLM/TEI keep it).
-    strip: bool = True
+    # Whitespace is kept, as sentence-transformers >= 5.4, vLLM and TEI do; `--strip` opts in to the old rule.
+    strip: bool = False
     prompt: str = ""
     normalize: bool | None = None
     dimensions: int | None = None
-    # Decoders: a sequence over max_batch_tokens runs in slices with a KV cache (embedcli.prefill).
+    # Decoders: a sequence over max_batch_tokens runs in slices with a KV cache (embedcli.compute.prefill).
     chunked_prefill: bool = True
+    # Token tasks: results carry each row's token ids too (`TokenRows`), for dropping special tokens.
+    with_token_ids: bool = False
+
+
+@dataclass
+class TokenRows:
+    """A token task's result for one batch: each row's token ids and its per-token matrix."""
+
+    ids: list[np.ndarray]
+    values: list[np.ndarray]
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenRows]) -> TokenRows:
+        """The rows of several batches' results, in order."""
+        return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values])
 
 
 @dataclass
@@ -119,6 +123,11 @@ class Runner:
             )
         if self.options.long_inputs == "chunk" and task != "embed":
             raise PoolingConfigError(f"--long-inputs chunk applies to embed only, not {task!r}")
+        if self.options.long_inputs == "chunk" and not spec.chunkable:
+            raise PoolingConfigError(
+                f"--long-inputs chunk is not defined for pooling {spec.seq_pooling_type} ({spec.pooling_source}): "
+                "a token-weighted mean of chunk vectors equals no whole-row value; use truncate or error"
+            )
         self.max_length = self.options.max_length or spec.max_length
         budget = self.options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(model.device.type, 2048)
         self.max_batch_tokens = int(budget)
@@ -138,6 +147,32 @@ class Runner:
         self.stats = RunStats()
         self._tokenizer = model.tokenizer
         self._special_ids = model.hf_tokenizer.all_special_ids
+        self._prompt_tokens = self._excluded_prompt_tokens()
+        if self.options.dimensions is not None and not (spec.is_matryoshka or spec.matryoshka_dimensions):
+            print(
+                f"embedcli: note: {spec.name} declares no Matryoshka dimensions (not trained for truncation); "
+                f"keeping its first {self.options.dimensions} of {spec.embedding_size} dims anyway",
+                file=sys.stderr,
+            )
+
+    def _excluded_prompt_tokens(self) -> int:
+        """Prompt tokens pooling leaves out (sentence-transformers include_prompt=false), 0 when none."""
+        from embedcli.models.st_config import prompt_token_count
+
+        spec = self.model.spec
+        if spec.include_prompt or self.options.task != "embed":
+            return 0
+        count = prompt_token_count(self._tokenizer, self._special_ids, self.options.prompt)
+        if count and self.options.truncation_side == "left":
+            # Cutting from the left would eat the prompt, and the first `count` tokens left would be text.
+            raise PoolingConfigError(
+                f"--truncation-side left with include_prompt=false ({spec.pooling_source}) and a prompt is not supported"
+            )
+        return count
+
+    def prompt_token_lens(self, num_seqs: int) -> torch.Tensor | None:
+        """Leading prompt tokens to exclude from pooling for each of `num_seqs` sequences (None: none)."""
+        return torch.full((num_seqs,), self._prompt_tokens, dtype=torch.long) if self._prompt_tokens else None
 
     # -- tokenize ----------------------------------------------------------------------------------
     def _prepare(self, text: str) -> str:
@@ -199,6 +234,8 @@ class Runner:
         used = 0
         for i in order.tolist():
             n = int(lengths[i])
+            if n == 0:
+                continue  # pooled without a forward (run_encoded)
             if current and used + n > self.max_batch_tokens:
                 packs.append(np.asarray(current))
                 current, used = [], 0
@@ -208,6 +245,10 @@ class Runner:
             packs.append(np.asarray(current))
         return packs
 
+    def params_for(self, enc: Encoded, seq: int) -> PoolingParams:
+        """The pooling request of sequence `seq`: a chunk of an over-long row is pooled without the activation."""
+        return self._chunk_params if enc.chunked is not None and enc.chunked[seq] else self.params
+
     def _forward(self, enc: Encoded, members: np.ndarray) -> list[torch.Tensor]:
         seqs = [enc.ids[i] for i in members]
         lengths = [len(s) for s in seqs]
@@ -216,14 +257,12 @@ class Runner:
         if enc.type_ids is not None:
             types = torch.from_numpy(np.concatenate([enc.type_ids[i] for i in members]))
         hidden = self.model.forward_packed(flat, lengths, types)
-        if enc.chunked is None:
-            params = [self.params] * len(seqs)
-        else:
-            params = [self._chunk_params if enc.chunked[i] else self.params for i in members.tolist()]
+        params = [self.params_for(enc, i) for i in members.tolist()]
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu[1:])
         metadata = PoolingMetadata.from_cu_seqlens(
-            torch.from_numpy(cu), params, token_ids=flat if self.needs_token_ids else None
+            torch.from_numpy(cu), params, token_ids=flat if self.needs_token_ids else None,
+            prompt_token_lens=self.prompt_token_lens(len(seqs)),
         )
         with torch.inference_mode():
             out = self.pooler(hidden, metadata)
@@ -238,20 +277,28 @@ class Runner:
         over_budget = bool(enc.ids) and int(enc.lengths.max()) > self.max_batch_tokens
         if over_budget:
             # Decoders: chunked prefill in slices; encoders: each long sequence in a forward of its own.
-            from embedcli.prefill import run_long
-
-            run_long(self, enc, results)
+            run_long(
+                enc, results, model=self.model, pooler=self.pooler, budget=self.max_batch_tokens,
+                forward=lambda members: self._forward(enc, members), params_of=lambda i: self.params_for(enc, i),
+                stats=self.stats, with_token_ids=self.needs_token_ids,
+                sliceable=bool(self.model.spec.is_decoder) and self.options.chunked_prefill,
+                prompt_tokens=self._prompt_tokens,
+            )
         for members in [] if over_budget else self._packs(enc.lengths):
             for i, out in zip(members.tolist(), self._forward(enc, members), strict=True):
                 results[i] = out
+        for i in np.flatnonzero(enc.lengths == 0).tolist():
+            # No tokens (empty text on a tokenizer without special tokens): the zero vector through the head.
+            results[i] = pool_empty(self.pooler, self.params_for(enc, i), self.model.spec.pooled_size, self.model.device)
         self.stats.rows += enc.num_rows
         combined = self._combine(enc, results)
         self.stats.seconds["compute"] += time.perf_counter() - start
         return combined
 
-    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult:
+    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows:
         if self.params.task in ("token_embed", "token_classify"):
-            return [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
+            values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
+            return TokenRows(list(enc.ids), values) if self.options.with_token_ids else values
         if enc.num_rows == len(results):
             if not results:
                 width = self.params.dimensions or self.model.spec.embedding_size
@@ -267,7 +314,7 @@ class Runner:
         the row is L2-normalized afterwards when normalization is on. vLLM instead averages the already
         normalized chunk vectors and leaves the mean un-normalized; without normalization both agree.
         """
-        weights = enc.lengths.astype(np.float64)
+        weights = np.maximum(enc.lengths, 1).astype(np.float64)
         first = results[0]
         assert first is not None
         out = np.zeros((enc.num_rows, first.shape[-1]), dtype=np.float64)

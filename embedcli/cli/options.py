@@ -1,0 +1,207 @@
+"""The options of the compute commands, shared: one typer.Option per flag, with its panel and env var."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+INPUT, MODEL, BATCHING, OUTPUT, PROGRESS = "Input", "Model", "Batching", "Output", "Progress"
+
+
+def env(flag: str) -> str:
+    """The environment variable of a flag: EMBEDCLI_ and its name."""
+    return "EMBEDCLI_" + flag.upper().replace("-", "_")
+
+
+# Options shared by compute commands -------------------------------------------------------------------
+def inputs_opt() -> Any:
+    """The INPUTS argument."""
+    return typer.Argument(
+        ..., help="Input files or globs (JSONL, Parquet, CSV/TSV, .txt), or - for stdin.", show_default=False
+    )
+
+
+OPT_TEXT_COL = typer.Option("text", "--text-col", envvar=env("text-col"), rich_help_panel=INPUT, help="Column holding the text.")
+OPT_ID_COL = typer.Option(
+    None, "--id-col", envvar=env("id-col"), rich_help_panel=INPUT,
+    help="Column holding the row id (default: 'id' if present, else file:line / file:row).",
+)
+OPT_KEEP = typer.Option(
+    "", "--keep-cols", envvar=env("keep-cols"), rich_help_panel=INPUT, help="Comma-separated input columns to carry to the output."
+)
+OPT_FORMAT = typer.Option(
+    None, "--format", envvar=env("format"), rich_help_panel=INPUT, help="Input format: jsonl, parquet, csv, tsv, txt (default: from the extension)."
+)
+OPT_MODEL = typer.Option(
+    None, "-m", "--model", envvar=env("model"), rich_help_panel=MODEL,
+    help="Local model folder or Hub id (org/model[@revision]): a folder, the hub cache or an installed package "
+    "first; else downloaded (safetensors only) unless HF_HUB_OFFLINE is set. Default: sentence-transformers/all-MiniLM-L6-v2.",
+)
+OPT_DEVICE = typer.Option("auto", "--device", envvar=env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
+OPT_DTYPE = typer.Option(
+    "auto", "--dtype", envvar=env("dtype"), rich_help_panel=MODEL,
+    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX) where the model passes its parity probe against float32 (decided once per model and cached; `embedcli info` shows it), else float32). Use float32 for bit-level parity with sentence-transformers.",
+)
+OPT_PICKLE = typer.Option(
+    False, "--allow-pickle", envvar=env("allow-pickle"), rich_help_panel=MODEL, help="Allow loading pickle (.bin) weights; off: safetensors only."
+)
+OPT_REMOTE = typer.Option(
+    False, "--trust-remote-code", envvar=env("trust-remote-code"), rich_help_panel=MODEL, help="Allow a model's own Python code (off by default)."
+)
+OPT_MAX_TOKENS = typer.Option(
+    None, "--max-batch-tokens", envvar=env("max-batch-tokens"), rich_help_panel=BATCHING,
+    help="Token budget of one packed forward (default: 2048 on CPU, 65536 on CUDA). A longer input runs "
+    "in slices with a KV cache on a decoder (sliced_rows in --stats), alone in its own forward on an "
+    "encoder (solo_rows).",
+)
+OPT_MAX_LENGTH = typer.Option(
+    None, "--max-length", envvar=env("max-length"), rich_help_panel=BATCHING, help="Truncate inputs to this many tokens (default: the model's max length)."
+)
+OPT_OUTPUT = typer.Option(
+    ..., "-o", "--output", envvar=env("output"), rich_help_panel=OUTPUT,
+    help="Output path: .parquet (default), .jsonl or .npy; - writes JSONL to stdout.",
+)
+OPT_OUT_FORMAT = typer.Option(
+    None, "--output-format", envvar=env("output-format"), rich_help_panel=OUTPUT, help="parquet, jsonl or npy (default: from the extension)."
+)
+OPT_QUIET = typer.Option(False, "-q", "--quiet", envvar=env("quiet"), rich_help_panel=PROGRESS, help="No progress bar or notes on stderr.")
+OPT_STATS = typer.Option(
+    None, "--stats", envvar=env("stats"), rich_help_panel=PROGRESS,
+    help="Write a JSON report (rows, tokens, seconds per phase, peak memory) to this file.",
+)
+
+
+def cols(value: str) -> list[str]:
+    """A comma-separated list."""
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+# Options of the task commands (rerank, score, classify, token-embed, token-classify) ----------------------
+OPT_TRUNC_SIDE = typer.Option(
+    "right", "--truncation-side", envvar=env("truncation-side"), rich_help_panel=BATCHING,
+    help="Which end of an over-long input is cut: right keeps the start, left keeps the end.",
+)
+OPT_LONG_NO_CHUNK = typer.Option(
+    "truncate", "--long-inputs", envvar=env("long-inputs"), rich_help_panel=BATCHING,
+    help="Inputs longer than the max length: truncate (cut to --max-length; the count goes to stderr and "
+    "--stats) or error (exit 1 naming the row, its file/line and id, and its token count).",
+)
+OPT_STRIP = typer.Option(
+    False, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
+    help="Strip surrounding whitespace before tokenizing (off by default: whitespace is kept, as "
+    "sentence-transformers >= 5.4, vLLM and TEI do; --strip restores the old sentence-transformers rule). "
+    "A text with no tokens (empty, or whitespace-only on a tokenizer that adds no special tokens) is not a bad "
+    "row: it gets sentence-transformers' value, the zero pooled vector through the model's head (Dense, "
+    "normalize: a zero vector stays zero).",
+)
+OPT_ACTIVATION = typer.Option(
+    "auto", "--activation", envvar=env("activation"), rich_help_panel=MODEL,
+    help="Activation on the (calibrated) logits. auto: the model config's problem_type (regression: none, "
+    "single-label: softmax, multi-label: sigmoid per label), else its sentence-transformers activation_fn, "
+    "else sigmoid for one label and softmax for more (vLLM's rule).",
+)
+OPT_LOGIT_MEAN = typer.Option(
+    None, "--logit-mean", envvar=env("logit-mean"), rich_help_panel=MODEL,
+    help="Calibration: subtract from the logits before the activation (default: config.json's logit_mean, "
+    "or its legacy logit_bias, else none).",
+)
+OPT_LOGIT_SIGMA = typer.Option(
+    None, "--logit-sigma", envvar=env("logit-sigma"), rich_help_panel=MODEL,
+    help="Calibration: divide the logits by this after --logit-mean (default: config.json's logit_sigma, or "
+    "1/logit_scale, else none); act((logit - mean) / sigma).",
+)
+OPT_KEEP_SPECIAL = typer.Option(
+    False, "--keep-special", envvar=env("keep-special"), rich_help_panel=OUTPUT,
+    help="Keep the tokens the tokenizer adds (CLS/SEP/BOS/EOS/PAD); dropped by default.",
+)
+OPT_STEP_TAG = typer.Option(
+    None, "--step-tag-id", envvar=env("step-tag-id"), rich_help_panel=MODEL,
+    help="Step pooling (process reward models): keep only the tokens whose id is this one.",
+)
+OPT_RETURNED_IDS = typer.Option(
+    "", "--returned-token-ids", envvar=env("returned-token-ids"), rich_help_panel=MODEL,
+    help="Step pooling: comma-separated label ids (output columns) to keep, e.g. 0,1; the activation then runs "
+    "over the kept columns only (vLLM).",
+)
+OPT_METHOD = typer.Option(
+    "auto", "--method", envvar=env("method"), rich_help_panel=MODEL,
+    help="How pairs are scored. auto: cross-encoder for a one-label classifier, cosine for an embedding "
+    "model; maxsim: late interaction over per-token vectors (ColBERT style).",
+)
+OPT_RAW_SCORES = typer.Option(
+    False, "--raw-scores", envvar=env("raw-scores"), rich_help_panel=OUTPUT,
+    help="Cross-encoder: the calibrated logit instead of its sigmoid; maxsim: un-normalized token vectors; "
+    "cosine: no effect.",
+)
+PAIR_NOTE = (
+    "A cross-encoder reads each pair as a text pair ([CLS] query [SEP] document [SEP], token types from the "
+    "tokenizer); a pair over --max-length is cut longest_first, as sentence-transformers' CrossEncoder: one "
+    "token at a time from whichever side is longer, so a short query stays whole and the document is cut "
+    "first; special tokens count toward the limit. An embedding model scores by cosine (query prompt "
+    "'query', document prompt 'document'/'passage'/'corpus' when the model has them). Whitespace is kept."
+)
+
+
+def ids(value: str) -> tuple[int, ...] | None:
+    """Comma-separated integers (None when empty)."""
+    try:
+        parsed = tuple(int(x) for x in cols(value))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: expected comma-separated integers") from None
+    return parsed or None
+
+
+# Options of embed ----------------------------------------------------------------------------------------
+OPT_EMBED_NORMALIZE = typer.Option(
+    None, "--normalize/--no-normalize", envvar=env("normalize"), rich_help_panel=OUTPUT,
+    help="L2-normalize vectors (default: as the model says; a sentence-transformers model normalizes only "
+    "if it lists a Normalize module).",
+    show_default=False,
+)
+OPT_EMBED_DIMENSIONS = typer.Option(
+    None, "--dimensions", envvar=env("dimensions"), rich_help_panel=MODEL,
+    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N must be at most "
+    "the embedding size, and one of the model's sizes when it lists them (config.json "
+    "matryoshka_dimensions); otherwise exit 2. A model that declares no Matryoshka support is truncated "
+    "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr.",
+)
+OPT_EMBED_PROMPT = typer.Option(
+    None, "--prompt", envvar=env("prompt"), rich_help_panel=MODEL,
+    help="Text prepended to every input (--prompt '' disables the model's default prompt).",
+)
+OPT_EMBED_PROMPT_NAME = typer.Option(
+    None, "--prompt-name", envvar=env("prompt-name"), rich_help_panel=MODEL,
+    help="A prompt from the model's config_sentence_transformers.json (e.g. query, document). Default: its "
+    "default_prompt_name, if any, as sentence-transformers does.",
+)
+OPT_EMBED_LONG_INPUTS = typer.Option(
+    "truncate", "--long-inputs", envvar=env("long-inputs"), rich_help_panel=BATCHING,
+    help="Inputs over the max length. truncate: cut to --max-length (count on stderr and in --stats). "
+    "error: exit 1 naming the row (file, line, id) and its token count. chunk: split the token ids into "
+    "consecutive max-length slices (no overlap; the first keeps CLS, the last SEP), pool each slice "
+    "without normalizing, take the token-count-weighted mean, then L2-normalize the mean once (when "
+    "normalizing): the result IS re-normalized (unit length). vLLM averages already-normalized chunks and "
+    "does not re-normalize; with --no-normalize the two agree.",
+)
+OPT_EMBED_PRECISION = typer.Option(
+    "float32", "--precision", envvar=env("precision"), rich_help_panel=OUTPUT,
+    help="Vector type, as sentence-transformers' quantize_embeddings. float16: a cast. int8/uint8: per "
+    "dim, q = clip(floor((x - min) / ((max - min) / 255)), 0, 255), int8 = q - 128; min/max come from "
+    "--calibration, else from the whole output (as one sentence-transformers encode call): the float32 "
+    "vectors are spooled to a temporary file beside the output and quantized in a second pass (no second "
+    "forward); the ranges are stored in the output metadata. binary/ubinary: bit = x > 0, 8 dims per "
+    "byte, most significant bit first, per row (zero-padded); ubinary = the byte, binary = byte - 128.",
+)
+OPT_EMBED_CALIBRATION = typer.Option(
+    None, "--calibration", envvar=env("calibration"), rich_help_panel=OUTPUT,
+    help="int8/uint8 ranges from this file instead of the whole output: float vectors (.npy, or the "
+    "embedding column of a .parquet/.jsonl) give their per-dim min/max; an earlier int8/uint8 embedcli "
+    "output gives the ranges stored in it (quantize queries like their corpus).",
+)
+OPT_EMBED_QUANTIZE = typer.Option(
+    False, "--quantize", envvar=env("quantize"), rich_help_panel=MODEL,
+    help="Opt-in int8 dynamic quantization (per output channel) of the model's Linear layers, CPU and "
+    "--dtype float32 only: ~2.2x faster on this CPU but lossy (all-MiniLM-L6-v2 on BBC text: min cosine "
+    "0.961 against float32). Not the same as --precision, which quantizes the output vectors.",
+)

@@ -1,0 +1,61 @@
+"""One builder per runner: a picklable `RunnerRecipe` (resolved spec, load options, runner options) and
+`build_runner`, which the CLI's tasks, `embedcli.Embedder` and the Ray workers all call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from embedcli.compute.choice import embed_prompt, require_task
+from embedcli.compute.runner import Runner, RunnerOptions
+from embedcli.models.loader import LoadedModel, ModelOptions
+from embedcli.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class RunnerRecipe:
+    """Everything a process needs to rebuild a runner: small and picklable (no weights)."""
+
+    model_spec: ModelSpec
+    model_options: ModelOptions
+    runner_options: RunnerOptions
+    threads: int | None = None
+
+
+def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runner:
+    """The runner of `recipe` (loading its model unless `model` is that model already loaded)."""
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    if model is None:
+        model = LoadedModel(recipe.model_spec, recipe.model_options)
+    return Runner(model, recipe.runner_options)
+
+
+def embed_recipe(
+    spec: ModelSpec,
+    model_options: ModelOptions,
+    *,
+    max_batch_tokens: int | None = None,
+    normalize: bool | None = None,
+    strip: bool = False,
+    dimensions: int | None = None,
+    prompt: str | None = None,
+    prompt_name: str | None = None,
+    long_inputs: str = "truncate",
+    truncation_side: str = "right",
+    threads: int | None = None,
+) -> RunnerRecipe:
+    """The recipe of `embedcli embed`'s runner for a resolved model (the model's default prompt applies)."""
+    require_task(spec, "embed", "embed")
+    options = RunnerOptions(
+        task="embed",
+        max_batch_tokens=max_batch_tokens,
+        normalize=normalize,
+        strip=strip,
+        dimensions=dimensions,
+        prompt=embed_prompt(spec, prompt, prompt_name),
+        long_inputs=long_inputs,  # type: ignore[arg-type]
+        truncation_side=truncation_side,  # type: ignore[arg-type]
+    )
+    return RunnerRecipe(spec, model_options, options, threads)

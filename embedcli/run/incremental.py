@@ -1,0 +1,128 @@
+"""`--incremental`: rows whose key (BLAKE2b of id and texts) is in the previous output are carried over."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embedcli.errors import UsageError
+from embedcli.io.manifest import KEY_CONFIG, KEY_INPUT_OPTIONS, KEY_MODEL, output_metadata
+from embedcli.io.shards import PreviousOutput, row_keys
+from embedcli.io.writers import output_format
+from embedcli.run.checks import Work
+from embedcli.run.flags import RunFlags
+from embedcli.run.source import kept_columns, subset
+
+
+def describe_config_change(old: dict[str, str], new: dict[str, str]) -> str:
+    """What differs between two outputs' metadata: model, config hash, input options."""
+    parts = []
+    for key, label in ((KEY_MODEL, "model hash"), (KEY_CONFIG, "config hash"), (KEY_INPUT_OPTIONS, "input options")):
+        if old.get(key) != new.get(key):
+            parts.append(f"{label} {old.get(key)} → now {new.get(key)}")
+    if old.get("embedcli.model") != new.get("embedcli.model"):
+        parts.insert(0, f"model {old.get('embedcli.model')} → now {new.get('embedcli.model')}")
+    return "; ".join(parts) or "output format or options differ"
+
+
+def open_previous(
+    flags: RunFlags,
+    in_place: str | None,
+    existing: dict[str, str] | None,
+    meta: dict[str, str],
+    base_meta: dict[str, str],
+    note: Callable[[str], None],
+) -> PreviousOutput | None:
+    """The output to carry rows over from (`--previous`, else `in_place`), or None: compute every row."""
+    if not flags.incremental:
+        return None
+    path = flags.previous or in_place
+    if path is None:
+        note("--incremental: no previous output yet, computing every row")
+        return None
+    if flags.previous is None and existing is None:
+        note(f"--incremental: {path} has no embedcli metadata, computing every row")
+        return None
+    if not os.path.isdir(path) and os.path.exists(path) and output_format(path, None) != "parquet":
+        note(f"--incremental carries rows over from Parquet outputs only; {path} is not: computing every row")
+        return None
+    old = output_metadata(path) if os.path.exists(path) else None
+    if old is not None and (old.get(KEY_CONFIG) != meta.get(KEY_CONFIG) or old.get(KEY_MODEL) != meta.get(KEY_MODEL)):
+        if flags.overwrite:
+            note(f"--incremental: {path} was made with a different config; --overwrite: computing every row")
+            return None
+        raise UsageError(
+            f"--incremental: {path} was made with a different config ({describe_config_change(old, base_meta)}); "
+            "its rows cannot be carried over. Pass --overwrite to compute every row"
+        )
+    previous = PreviousOutput.open(path)
+    if not previous.keys_ok:
+        name = os.path.basename(path)
+        note(f"--incremental: {path} has no valid row index ({name}.embedcli-index.parquet): computing every row")
+        previous.close()
+        return None
+    return previous
+
+
+class Carry:
+    """Splits work items into rows to compute and rows to carry over, and joins them back in input order."""
+
+    def __init__(self, previous: PreviousOutput | None, keep_cols: list[str]) -> None:
+        self.previous = previous
+        self.keep_cols = keep_cols
+
+    def split(self, work: Work) -> None:
+        """Keys of the valid rows; which to compute and which to carry over from the previous output."""
+        b = work.batch
+        work.keys = row_keys(b.ids, b.texts, b.extra_texts)
+        n = len(b)
+        if self.previous is None or n == 0:
+            work.compute = b
+            work.compute_idx = np.arange(n, dtype=np.int64)
+            return
+        prev_rows = self.previous.lookup(work.keys)
+        hit = prev_rows >= 0
+        work.compute_idx = np.nonzero(~hit)[0]
+        work.carry_idx = np.nonzero(hit)[0]
+        work.carry_rows = prev_rows[hit]
+        work.compute = subset(b, work.compute_idx)
+
+    def carried(self, work: Work) -> Any:
+        """The carried-over rows of a work item, as the previous output has them."""
+        prev = self.previous
+        assert prev is not None
+        drop = {"id", *prev.keep_cols, *self.keep_cols}
+        result_cols = [c for c in prev.schema.names if c not in drop]
+        sub = subset(work.batch, work.carry_idx)
+        taken = prev.take(work.carry_rows, result_cols)
+        columns: dict[str, Any] = {"id": pa.array(sub.ids, pa.string())}
+        for c in result_cols:
+            columns[c] = taken.column(c)
+        columns.update(kept_columns(sub, self.keep_cols))
+        return pa.table(columns)
+
+    def join(self, work: Work, computed: Any) -> tuple[Any, int]:
+        """The work item's output rows in input order (computed or None, plus carried); and how many were carried."""
+        n_carry = len(work.carry_idx)
+        if self.previous is not None and computed is not None and computed.num_rows != len(work.compute):
+            raise UsageError("--incremental needs one output row per input row; this command does not give that")
+        if not n_carry:
+            return computed, 0
+        carried = self.carried(work)
+        if computed is None or computed.num_rows == 0:
+            return carried, n_carry
+        carried = carried.select(computed.column_names).cast(computed.schema)
+        both = pa.concat_tables([computed.replace_schema_metadata(None), carried.replace_schema_metadata(None)])
+        position = np.empty(len(work.batch), dtype=np.int64)
+        position[work.compute_idx] = np.arange(len(work.compute_idx))
+        position[work.carry_idx] = len(work.compute_idx) + np.arange(n_carry)
+        return both.take(pa.array(position)).combine_chunks(), n_carry
+
+    def close(self) -> None:
+        """Close the previous output."""
+        if self.previous is not None:
+            self.previous.close()

@@ -1,0 +1,75 @@
+"""One run of a compute command as one value: `Job`, and the protocols of what it is made of.
+
+A task (`embedcli.tasks`) turns a command's options into a `Job`; `embedcli.run.run_job` runs it: reads the
+`source`, hands each batch's `codec.inputs` to the `engine`, turns the results into rows with `codec.table`
+and commits them to the `target`, with `provenance` in the output's metadata, under the run `flags`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from embedcli.run.flags import RunFlags
+
+
+@runtime_checkable
+class EngineStats(Protocol):
+    """What the loop reads from an engine's counters (`embedcli.compute.runner.RunStats`)."""
+
+    rows: int
+    tokens: int
+    truncated_rows: int
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Turns batches of inputs into one result per batch, in order: the local `Runner` or `RayRunner`."""
+
+    stats: EngineStats
+    max_length: int
+
+    def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]: ...
+
+
+@runtime_checkable
+class RowCodec(Protocol):
+    """A command's rows: the engine's inputs of a batch, the output table of a batch's result, the empty output."""
+
+    def inputs(self, batch: Any) -> Sequence[Any]: ...
+
+    def table(self, batch: Any, result: Any) -> Any: ...
+
+    def empty(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the rows go: `-o` and `--output-format`."""
+
+    path: str
+    fmt: str | None = None
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """What the run tells people: `--quiet` and `--stats FILE`."""
+
+    quiet: bool = False
+    stats_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything one run needs (see the module docstring)."""
+
+    source: Iterable[Any]  # a BatchSource (resumable), or any iterable of input batches
+    engine: Engine
+    codec: RowCodec
+    provenance: dict[str, str]
+    target: Target
+    flags: RunFlags = field(default_factory=RunFlags)
+    reporting: Reporting = field(default_factory=Reporting)

@@ -1,0 +1,234 @@
+"""The loop every compute command shares, made safe to run unattended.
+
+`run_pipeline(job)` streams input batches through the job's engine into its output and adds what cron needs:
+
+- **Atomic, resumable output.** Results are committed in shards through `OUT.embedcli-staging/`
+  (see `embedcli.io.manifest` and `embedcli.run.staging`); the manifest records the input fingerprints,
+  the committed record ranges and the config. The same command after a crash (even `kill -9`) skips the
+  committed records (read, not recomputed) and continues; the final file is assembled from the shards and
+  renamed into place, so nothing half-written is ever visible. Batches and shard cuts fall on the same
+  records in every run, so a resumed run's output is the same, byte for byte, as an uninterrupted one.
+- **Refusing to mix.** An output or staged work made with a different config stops the run with
+  exit 2 unless `--overwrite`; a complete output of the same command is left alone (exit 0).
+- **`--incremental`.** Rows whose key is in the previous output's index are carried over
+  (`embedcli.run.incremental`), the rest are computed.
+- **Bad rows.** Malformed lines, bad UTF-8, null texts and duplicate ids stop the run
+  (`--on-error fail`) or are skipped and recorded (`--on-error skip`, `--errors-file`, `--max-errors`,
+  exit 3; `embedcli.run.checks`). SIGINT/SIGTERM commit what is done and exit 130; a full disk exits 1
+  with the committed work kept for the rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, InputError, OutputError
+from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
+from embedcli.run.checks import Work, read_work
+from embedcli.run.incremental import Carry, open_previous
+from embedcli.run.job import Job
+from embedcli.run.report import RunReport, write_stats
+from embedcli.run.signals import StopFlag
+from embedcli.run.sinks import StdoutSink
+from embedcli.run.source import BatchSource
+from embedcli.run.staging import run_staged
+from embedcli.run.target import resolve_output
+
+
+class Pipeline:
+    """One run of a `Job` (see the module docstring)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.flags = job.flags
+        self.meta = dict(job.provenance)
+        self.source = job.source if isinstance(job.source, BatchSource) else None
+        self.report = RunReport(quiet=job.reporting.quiet)
+        self.carry = Carry(None, list(self.source.inputs.keep_cols) if self.source else [])
+        self.manifest: Any = None
+        self.store: Any = None
+        self.paths: list[str] | None = None
+        self.output = resolve_output(job.target.path, job.target.fmt, self.flags)
+
+    def note(self, message: str) -> None:
+        """A one-line note on stderr (kept clear of the progress bar)."""
+        self.report.note(message)
+
+    # -- entry point -------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job; returns the exit code (0, or 3 when rows were skipped)."""
+        self._keys()
+        try:
+            if self.output.mode == "stdout":
+                code = self._run_stdout()
+            else:
+                code = run_staged(self)
+            self.report.exit_code = code
+            return code
+        except KeyboardInterrupt:
+            self.report.exit_code = EXIT_INTERRUPTED
+            raise
+        except BaseException as e:
+            self.report.exit_code = getattr(e, "exit_code", EXIT_FATAL)
+            self.report.error = str(e)
+            raise
+        finally:
+            self.carry.close()
+            self._write_stats()
+
+    def _keys(self) -> None:
+        """The job's config key, job key (config + input fingerprints) and the metadata every output carries."""
+        fingerprints = None
+        options: dict[str, Any] = {}
+        if self.source is not None:
+            self.paths = self.source.paths()
+            fingerprints = self.source.fingerprints(self.paths)
+            options = self.source.options()
+            self.report.total = self.source.total_rows(self.paths)
+        fmt = self.output.fmt if self.output.mode != "dir" else "parquet-dir"
+        self.cfg_key = config_key(self.meta, options, fmt)
+        self.job_key = job_key(self.cfg_key, fingerprints)
+        self.fingerprints = fingerprints
+        self.options = options
+        self.base_meta = {
+            **self.meta,
+            KEY_CONFIG_KEY: self.cfg_key,
+            KEY_JOB: self.job_key or "",
+            KEY_INPUTS: json.dumps(fingerprints, sort_keys=True) if fingerprints is not None else "null",
+            KEY_INPUT_OPTIONS: json.dumps(options, sort_keys=True),
+        }
+
+    def open_previous(self, in_place: str | None, existing: dict[str, str] | None) -> None:
+        """Set up `--incremental`'s carry-over from the previous output (if any)."""
+        previous = open_previous(self.flags, in_place, existing, self.meta, self.base_meta, self.note)
+        self.carry = Carry(previous, self.carry.keep_cols)
+
+    # -- stdout --------------------------------------------------------------------------------------
+    def _run_stdout(self) -> int:
+        sink = StdoutSink(self.output.fmt, self.base_meta)
+        self.open_previous(None, None)
+        try:
+            self.guarded_loop(sink, skip=0, errors=lambda: sink.errors)
+        finally:
+            self.report.rows = sink.rows
+        sink.finish(self.job.codec.empty())
+        self.report.summary(self.job.engine, self.report.new_errors, sink.rows, self.flags.errors_file)
+        return EXIT_SKIPPED if self.report.new_errors else EXIT_OK
+
+    def guarded_loop(self, sink: Any, skip: int, errors: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        """The loop, then `--errors-file` with every bad row (`errors()`) and the row that stopped the run."""
+        fatal: list[dict[str, Any]] = []
+        try:
+            self._loop(sink, skip)
+        except InputError as e:
+            if e.location or e.record_id is not None:
+                fatal.append(e.to_record())
+            raise
+        finally:
+            self.report.write_errors_file(self.flags.errors_file, [*errors(), *fatal])
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def _loop(self, sink: Any, skip: int) -> None:
+        report, engine, codec = self.report, self.job.engine, self.job.codec
+        report.resumed_records = report.records_done = skip
+        errors_before = self.manifest.errors if self.manifest is not None else 0
+        progress = report.start_progress(skip, self.flags.log_every)
+        held: deque[Work] = deque()
+
+        def inputs() -> Iterator[Sequence[Any]]:
+            work_items = read_work(
+                self.job.source, self.paths, self.flags, skip, errors_before, self.carry.split, report.seconds
+            )
+            for work in work_items:
+                held.append(work)
+                yield codec.inputs(work.compute) if work.compute is not None else []
+
+        results = engine.map(inputs())
+        self._in_write = False
+        try:
+            with StopFlag() as stop:
+                self._drive(sink, results, held, stop)
+        except (OutputError, OSError):
+            sink.abort()
+            raise
+        except BaseException:
+            if self._in_write:
+                sink.abort()
+            else:
+                self._commit_quietly(sink)
+            raise
+        finally:
+            results.close()
+            progress.close()
+            report.progress = None
+
+    def _drive(self, sink: Any, results: Iterator[Any], held: deque[Work], stop: StopFlag) -> None:
+        """Write each result, commit every `--shard-rows` records or `--commit-every` seconds, stop on a signal."""
+        report, flags = self.report, self.flags
+        last_commit = time.monotonic()
+        since_commit = 0
+        for result in results:
+            work = held.popleft()
+            if work.batch is not None and len(work.batch):
+                self._write(sink, work, result)
+            if work.errors:
+                sink.add_errors([e.to_record() for e in work.errors])
+                report.bad_rows(work.errors)
+            report.records_done += work.records
+            since_commit += work.records
+            assert report.progress is not None
+            report.progress.update(work.records, self.job.engine.stats.tokens)
+            if stop.requested:
+                self._commit(sink)
+                report.progress.close(
+                    f"stopped by {stop.signal_name}: {report.records_done:,} input rows committed; "
+                    "rerun the same command to resume"
+                )
+                raise KeyboardInterrupt(stop.signal_name)
+            now = time.monotonic()
+            if since_commit >= flags.shard_rows or now - last_commit >= flags.commit_every:
+                self._commit(sink)
+                last_commit, since_commit = now, 0
+        self._commit(sink)
+
+    def _write(self, sink: Any, work: Work, result: Any) -> None:
+        computed = None
+        if len(work.compute_idx) or not len(work.carry_idx):
+            computed = self.job.codec.table(work.compute, result)
+        table, carried = self.carry.join(work, computed)
+        self.report.carried_rows += carried
+        self.report.computed_rows += len(work.compute_idx)
+        t0 = time.perf_counter()
+        self._in_write = True
+        sink.write(table, work.keys if table.num_rows == len(work.batch) else None)
+        self._in_write = False
+        self.report.seconds["write"] += time.perf_counter() - t0
+
+    def _commit(self, sink: Any) -> None:
+        t0 = time.perf_counter()
+        sink.commit(self.report.records_done)
+        self.report.seconds["write"] += time.perf_counter() - t0
+
+    def _commit_quietly(self, sink: Any) -> None:
+        """Commit finished batches on the way out of a failure; a failing commit is dropped."""
+        try:
+            sink.commit(self.report.records_done)
+        except Exception:
+            sink.abort()
+
+    def _write_stats(self) -> None:
+        report, m = self.report, self.manifest
+        if m is not None:
+            report.rows = m.rows_done if report.rows is None else report.rows
+            report.skipped = m.errors if report.skipped is None else report.skipped
+            report.shards = len(m.shards)
+        write_stats(self.job.reporting.stats_file, report.to_stats(self.job.engine.stats))
+
+
+def run_pipeline(job: Job) -> int:
+    """Run the shared loop for `job`; returns the exit code (0 or 3)."""
+    return Pipeline(job).run()

@@ -1,0 +1,95 @@
+"""Shard repair: a finished shard directory that lists shard files which are gone gets exactly those back.
+
+Each missing shard's record range is run as the same job (`run_job(replace(job, ...))`) into a scratch
+directory next to the output, checked (same row count as the manifest says), and renamed into place under
+its own deterministic name (`part-NNNNNN.parquet`); the other shards are not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+
+from embedcli.errors import OutputError
+from embedcli.io.manifest import Manifest, ShardEntry, config_key, manifest_path, strip_slash
+from embedcli.io.shards import _errors_name, _index_name
+from embedcli.run.job import Job, Reporting, Target
+from embedcli.run.sharding import RangeSource
+from embedcli.run.source import BatchSource
+
+
+def missing_shards(job: Job) -> tuple[str, Manifest, list[ShardEntry]] | None:
+    """(directory, manifest, missing shards) when the job's `-o` is a finished shard directory of this same
+    job (config key and input fingerprints match) that lacks shard files; else None."""
+    source, flags, path = job.source, job.flags, job.target.path
+    if path == "-" or not isinstance(source, BatchSource) or flags.overwrite:
+        return None
+    out = os.path.abspath(strip_slash(path))
+    if not os.path.isfile(manifest_path(out)):
+        return None
+    manifest = Manifest.load(out)
+    if manifest is None or not manifest.complete:
+        return None
+    missing = [s for s in manifest.shards if s.file and not os.path.isfile(os.path.join(out, s.file))]
+    if not missing:
+        return None
+    if manifest.config_key != config_key(job.provenance, source.options(), "parquet-dir"):
+        return None
+    if manifest.inputs != source.fingerprints(source.paths()):
+        return None
+    return out, manifest, missing
+
+
+def _shard_job(job: Job, shard: ShardEntry, scratch: str) -> Job:
+    """The job that recomputes one shard's record range into `scratch`."""
+    source = job.source
+    assert isinstance(source, BatchSource)
+    base = source.start if isinstance(source, RangeSource) else 0
+    lo, hi = shard.records
+    ranged = RangeSource(source.inputs, source.extra_text_cols, start=base + lo, stop=base + hi, label="repair")
+    flags = replace(
+        job.flags, shards_dir=True, overwrite=True, incremental=False, previous=None, shard=None,
+        errors_file=None, shard_rows=max(1, hi - lo), commit_every=1e9,
+    )
+    return replace(job, source=ranged, flags=flags, target=Target(scratch), reporting=Reporting(quiet=True))
+
+
+def repair_missing_shards(job: Job, run_job: Callable[[Job], int]) -> list[str]:
+    """Recompute the shards a finished shard directory lists but lacks (see the module docstring); returns
+    the repaired file names."""
+    found = missing_shards(job)
+    if found is None:
+        return []
+    out, _, missing = found
+    scratch = out + ".embedcli-repair"
+    repaired: list[str] = []
+    for s in missing:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(scratch + ".embedcli-staging", ignore_errors=True)
+        run_job(_shard_job(job, s, scratch))
+        made = Manifest.load(scratch)
+        if made is None or len(made.shards) != 1 or made.shards[0].rows != s.rows:
+            rows = sum(x.rows for x in made.shards) if made else "?"
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise OutputError(
+                job.target.path, f"shard {s.file} recomputed to {rows} rows, the manifest says {s.rows}",
+                fix="the inputs may have changed: rerun with --overwrite",
+            )
+        new = made.shards[0]
+        moves = [(new.file, s.file)]
+        if s.index and new.index and not os.path.isfile(os.path.join(out, s.index)):
+            moves.append((new.index, _index_name(s.number)))
+        if s.errors_file and new.errors_file and not os.path.isfile(os.path.join(out, s.errors_file)):
+            moves.append((new.errors_file, _errors_name(s.number)))
+        for src, dst in moves:
+            os.replace(os.path.join(scratch, src), os.path.join(out, dst))
+        shutil.rmtree(scratch, ignore_errors=True)
+        repaired.append(s.file)
+        if not job.reporting.quiet:
+            lo, hi = s.records
+            print(f"embedcli: repaired {s.file}: recomputed input records {lo:,}-{hi:,} ({s.rows:,} rows)",
+                  file=sys.stderr, flush=True)
+    return repaired

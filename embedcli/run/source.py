@@ -1,0 +1,151 @@
+"""Where a run's rows come from: `InputOptions`, the re-readable `BatchSource`, and row helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.errors import STDIN, InputError
+from embedcli.io.readers import (
+    InputBatch,
+    detect_format,
+    expand_paths,
+    input_fingerprint,
+    normalize_format,
+    read_inputs,
+)
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """Where rows come from and which columns matter."""
+
+    paths: list[str]
+    text_col: str = "text"
+    id_col: str | None = None
+    keep_cols: list[str] = field(default_factory=list)
+    fmt: str | None = None
+    batch_rows: int = 1024
+
+
+def null_text_error(batch: Any, i: int, fix: str = "fill or drop the row") -> InputError:
+    """The error of row `i`, whose text (or one of its extra text columns) is null: the one null-text check."""
+    col = "text" if batch.texts[i] is None else next(c for c, v in batch.extra_texts.items() if v[i] is None)
+    reason = f"{col} is null" if col == "text" else f"text field {col!r} is null"
+    return InputError(batch.source, reason, location=batch.locations[i], record_id=batch.ids[i], fix=fix)
+
+
+def check_texts(batch: Any) -> None:
+    """InputError naming the batch's first row with a null text."""
+    for i, text in enumerate(batch.texts):
+        if text is None:
+            raise null_text_error(batch, i)
+
+
+def subset(batch: Any, idx: np.ndarray) -> Any:
+    """The rows `idx` of an input batch, as a batch."""
+    if len(idx) == len(batch):
+        return batch
+    il = idx.tolist()
+    return InputBatch(
+        source=batch.source,
+        locations=[batch.locations[i] for i in il],
+        ids=[batch.ids[i] for i in il],
+        texts=[batch.texts[i] for i in il],
+        columns={c: [v[i] for i in il] for c, v in batch.columns.items()},
+        extra_texts={c: [v[i] for i in il] for c, v in batch.extra_texts.items()},
+    )
+
+
+def slice_batch(batch: Any, start: int, stop: int | None = None) -> Any:
+    """Rows `[start, stop)` of an input batch."""
+    return subset(batch, np.arange(start, len(batch) if stop is None else stop))
+
+
+def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The `--keep-cols` columns of a batch as Arrow arrays."""
+    out = {}
+    for name in names:
+        arr = pa.array(batch.columns[name])
+        # An all-null first batch would fix the column's type to null for the whole file.
+        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
+    return out
+
+
+def empty_batch(keep_cols: Sequence[str]) -> InputBatch:
+    """A batch of no rows with the `--keep-cols` columns (for an output's empty shape)."""
+    return InputBatch(source="", locations=[], ids=[], texts=[], columns={c: [] for c in keep_cols}, extra_texts={})
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """The inputs of a command, re-readable: the run opens it to fingerprint the inputs, skip committed
+    records, collect bad rows and carry rows over (`--incremental`); iterating it yields checked batches."""
+
+    inputs: InputOptions
+    extra_text_cols: tuple[str, ...] = ()
+
+    def paths(self) -> list[str]:
+        """The input files after glob expansion (InputError when one is missing)."""
+        paths = expand_paths(self.inputs.paths)
+        fmt = normalize_format(self.inputs.fmt) if self.inputs.fmt else None
+        for p in paths:
+            detect_format(p, fmt)
+        return paths
+
+    def open(
+        self,
+        paths: Sequence[str] | None = None,
+        *,
+        batch_rows: int | None = None,
+        on_bad_row: Callable[[InputError], None] | None = None,
+    ) -> Iterator[Any]:
+        """The raw reader over `paths` (default: all inputs), no row checks."""
+        return read_inputs(
+            list(paths) if paths is not None else self.inputs.paths,
+            text_col=self.inputs.text_col,
+            id_col=self.inputs.id_col,
+            keep_cols=self.inputs.keep_cols,
+            extra_text_cols=self.extra_text_cols,
+            fmt=self.inputs.fmt,
+            batch_rows=batch_rows or self.inputs.batch_rows,
+            on_bad_row=on_bad_row,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.open():
+            check_texts(batch)
+            yield batch
+
+    def options(self) -> dict[str, Any]:
+        """The input options that decide what the output holds."""
+        return {
+            "text_col": self.inputs.text_col,
+            "id_col": self.inputs.id_col,
+            "keep_cols": list(self.inputs.keep_cols),
+            "extra_text_cols": list(self.extra_text_cols),
+            "format": self.inputs.fmt,
+        }
+
+    def fingerprints(self, paths: Sequence[str]) -> list[dict[str, Any]] | None:
+        """Fingerprints of every input (None when one is stdin: such a run cannot resume)."""
+        if STDIN in paths:
+            return None
+        return [input_fingerprint(p) for p in paths]
+
+    def total_rows(self, paths: Sequence[str]) -> int | None:
+        """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""
+        total = 0
+        for p in paths:
+            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+                return None
+            try:
+                total += pq.ParquetFile(p).metadata.num_rows
+            except Exception:
+                return None
+        return total

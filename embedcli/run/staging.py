@@ -1,0 +1,195 @@
+"""Staging, commit and resume policy of a file or shard-directory output (`OUT.embedcli-staging/`).
+
+`run_staged(pipeline)` decides, from what is on disk, whether this run resumes the staged work of an
+interrupted one, starts over, refuses to mix configs (exit 2 without `--overwrite`), or finds the output
+already complete; then runs the pipeline's loop into a `ShardStore` and publishes the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.io.manifest import (
+    KEY_COMPLETE,
+    KEY_CONFIG,
+    KEY_CONFIG_KEY,
+    KEY_ERRORS,
+    KEY_JOB,
+    KEY_MODEL,
+    KEY_RECORDS,
+    KEY_ROWS,
+    KEY_SKIPPED,
+    Manifest,
+    StagingLock,
+    output_error,
+    output_metadata,
+    staging_dir,
+)
+from embedcli.io.shards import (
+    ShardStore,
+    assemble_file,
+    clear_dir,
+    publish_dir,
+    recover_dir,
+    remove_tmp_files,
+)
+from embedcli.run.incremental import describe_config_change
+
+if TYPE_CHECKING:  # the pipeline drives this module and is passed in; no import at run time
+    from embedcli.run.loop import Pipeline
+
+ERRORS_IN_METADATA = 20
+
+
+def _config_differs(p: Pipeline, existing: dict[str, str]) -> bool:
+    if existing.get(KEY_CONFIG_KEY):
+        return existing[KEY_CONFIG_KEY] != p.cfg_key
+    return existing.get(KEY_CONFIG) != p.meta.get(KEY_CONFIG) or existing.get(KEY_MODEL) != p.meta.get(KEY_MODEL)
+
+
+def _complete_for_this_job(p: Pipeline, existing: dict[str, str]) -> bool:
+    return bool(p.job_key) and existing.get(KEY_JOB) == p.job_key and existing.get(KEY_COMPLETE) == "true"
+
+
+def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: Any) -> int:
+    staged = Manifest.load(root)
+    if staged is None or staged.job_key == p.job_key:
+        lock.release()
+        shutil.rmtree(root, ignore_errors=True)
+    skipped = int(existing.get(KEY_SKIPPED, "0") or 0)
+    rows = existing.get(KEY_ROWS, "?")
+    p.note(f"{p.output.path} is already complete ({rows} rows, same inputs and config): nothing to do")
+    report = p.report
+    report.records_done = report.resumed_records = int(existing.get("embedcli.input_records", "0") or 0)
+    report.rows = int(rows) if str(rows).isdigit() else 0
+    report.skipped = skipped
+    return EXIT_SKIPPED if skipped else EXIT_OK
+
+
+def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
+    """Refuse an output made otherwise (exit 2 without --overwrite); True when it is this job's, complete."""
+    target, overwrite = p.output, p.flags.overwrite
+    if existing is not None and not overwrite:
+        if _config_differs(p, existing):
+            raise UsageError(
+                f"{target.path} was made with a different config ({describe_config_change(existing, p.base_meta)}); "
+                "pass --overwrite to replace it, or choose another -o"
+            )
+        return _complete_for_this_job(p, existing)
+    if existing is None and target.mode == "dir" and os.path.isdir(target.path):
+        if os.listdir(target.path) and not overwrite:
+            raise UsageError(
+                f"{target.path} is a directory that embedcli did not write; pass --overwrite to replace it, "
+                "or choose another -o"
+            )
+    return False
+
+
+def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
+    """The manifest to continue (staged work of this same job) or a fresh one; and whether it is fresh."""
+    overwrite = p.flags.overwrite
+    manifest = Manifest.load(root)
+    if manifest is not None:
+        if manifest.config_key != p.cfg_key and not overwrite:
+            raise UsageError(
+                f"{root} holds the work of an interrupted run with a different config "
+                f"({describe_config_change(manifest.metadata or manifest.config, p.base_meta)}); "
+                "rerun that command to finish it, or pass --overwrite to discard it"
+            )
+        if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
+            if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
+                p.note("the inputs changed since the interrupted run: starting over")
+            clear_dir(root)
+            manifest = None
+    elif os.listdir(root):
+        clear_dir(root)
+    if manifest is not None:
+        return manifest, False
+    manifest = Manifest(
+        config_key=p.cfg_key,
+        job_key=p.job_key,
+        config=p.meta,
+        input_options=p.options,
+        inputs=p.fingerprints,
+        output_format=p.output.fmt,
+        mode=p.output.mode,
+    )
+    manifest.save(root)
+    return manifest, True
+
+
+def _final_meta(p: Pipeline) -> dict[str, str]:
+    m = p.manifest
+    first = []
+    for record in p.store.committed_errors():
+        first.append(record)
+        if len(first) >= ERRORS_IN_METADATA:
+            break
+    return {
+        **p.base_meta,
+        KEY_ROWS: str(m.rows_done),
+        KEY_RECORDS: str(m.records_done),
+        KEY_SKIPPED: str(m.errors),
+        KEY_ERRORS: json.dumps(first, ensure_ascii=False, sort_keys=True),
+    }
+
+
+def _finish(p: Pipeline, root: str, lock: Any) -> int:
+    t0 = time.perf_counter()
+    manifest = p.manifest
+    meta = _final_meta(p)
+    if p.output.mode == "file":
+        empty_schema = p.job.codec.empty().schema
+        assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema)
+        lock.release()
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        lock.release()
+        publish_dir(root, manifest, p.output.path, meta)
+    p.report.seconds["finalize"] += time.perf_counter() - t0
+    p.report.rows, p.report.skipped = manifest.rows_done, manifest.errors
+    p.report.summary(p.job.engine, manifest.errors, manifest.rows_done, p.flags.errors_file)
+    return EXIT_SKIPPED if manifest.errors else EXIT_OK
+
+
+def run_staged(p: Pipeline) -> int:
+    """Run pipeline `p` into its staged output (see the module docstring); returns the exit code."""
+    target = p.output
+    root = staging_dir(target.path)
+    if target.mode == "dir":
+        recover_dir(target.path, root)
+    created_root = not os.path.exists(root)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise output_error(target.path, e, resumable=False) from None
+    lock = StagingLock(root, target.path).acquire()
+    created_manifest = False
+    try:
+        existing = output_metadata(target.path, None if target.mode == "dir" else p.job.target.fmt)
+        if _check_existing(p, existing):
+            return _already_complete(p, existing, root, lock)  # type: ignore[arg-type]
+        manifest, created_manifest = _resume_or_start(p, root)
+        p.manifest = manifest
+        store = p.store = ShardStore(root, manifest, p.meta, target.path)
+        store.clean_stale()
+        if target.mode == "file":
+            remove_tmp_files(os.path.dirname(os.path.abspath(target.path)), os.path.basename(target.path))
+        p.open_previous(target.path if existing is not None else None, existing)
+        if manifest.records_done:
+            p.note(f"resuming: {manifest.records_done:,} input rows already committed in {len(manifest.shards)} shards")
+        p.guarded_loop(store, manifest.records_done, lambda: [*store.committed_errors(), *store.pending_errors])
+        return _finish(p, root, lock)
+    except BaseException:
+        lock.release()
+        fresh = p.manifest is None or (created_manifest and not p.manifest.shards)
+        if fresh and (created_root or created_manifest):
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    finally:
+        lock.release()

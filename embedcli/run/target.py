@@ -1,0 +1,56 @@
+"""What `-o` names, decided once: stdout, one file, or a directory of shards; checked before any work."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from embedcli.errors import STDIN, OutputError, UsageError
+from embedcli.io.manifest import manifest_path, strip_slash
+from embedcli.io.writers import check_output_path, output_format
+from embedcli.run.flags import RunFlags
+
+
+@dataclass(frozen=True)
+class Output:
+    """A resolved `-o`: mode "stdout" | "file" | "dir", the path (absolute for a directory) and its format."""
+
+    mode: str
+    path: str
+    fmt: str
+
+
+def is_shard_dir(path: str, flags: RunFlags) -> bool:
+    """Whether `-o path` is a directory of shards: `--shards-dir`, a trailing /, or a directory embedcli wrote."""
+    if path == STDIN:
+        return False
+    return (
+        flags.shards_dir
+        or path.endswith(("/", os.sep))
+        or (os.path.isdir(path) and os.path.isfile(manifest_path(path)))
+    )
+
+
+def check_target(path: str, flags: RunFlags) -> None:
+    """OutputError unless `-o path` can be written (a command calls this before loading its model)."""
+    check_output_path(path, as_dir=is_shard_dir(path, flags))
+
+
+def resolve_output(path: str, fmt: str | None, flags: RunFlags) -> Output:
+    """The `Output` of `-o path` under `flags`; UsageError / OutputError when it cannot be one."""
+    if path == STDIN:
+        if flags.shards_dir:
+            raise UsageError("--shards-dir needs a directory for -o, not - (stdout)")
+        if flags.incremental and not flags.previous:
+            raise UsageError("--incremental with -o - (stdout) needs --previous OLD_OUTPUT")
+        return Output("stdout", STDIN, output_format(STDIN, fmt))
+    if is_shard_dir(path, flags):
+        if fmt is not None and output_format("x.parquet", fmt) != "parquet":
+            raise UsageError(f"a directory of shards is Parquet; --output-format {fmt} needs a file name for -o")
+        out = os.path.abspath(strip_slash(path))
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise OutputError(path, "exists and is not a directory", fix="name a directory for --shards-dir")
+        check_output_path(os.path.join(os.path.dirname(out), "x"))
+        return Output("dir", out, "parquet")
+    check_output_path(path)
+    return Output("file", path, output_format(path, fmt))

@@ -1,0 +1,108 @@
+"""`embedcli classify`: a label and its score per row (and the top K, or every label's probability)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embedcli.compute.choice import require_task
+from embedcli.compute.runner import RunnerOptions
+from embedcli.errors import UsageError
+from embedcli.io.writers import embedding_array
+from embedcli.run.execute import run_job
+from embedcli.run.flags import RunFlags
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.target import check_target
+from embedcli.tasks.common import (
+    ModelChoice,
+    OutputOptions,
+    activation,
+    build,
+    calibration,
+    load_spec,
+    located,
+    make_job,
+    provenance,
+)
+
+
+@dataclass(frozen=True)
+class ClassifyOptions:
+    """`classify` choices."""
+
+    activation: str = "auto"
+    top_k: int = 1
+    all_scores: bool = False
+    logit_mean: float | None = None
+    logit_sigma: float | None = None
+    max_batch_tokens: int | None = None
+    long_inputs: str = "truncate"
+    truncation_side: str = "right"
+    strip: bool = False
+
+
+@dataclass(frozen=True)
+class ClassifyCodec:
+    """Rows of `classify`: id, label, score, [top_labels, top_scores], [scores], kept columns."""
+
+    labels: np.ndarray
+    top_k: int
+    all_scores: bool
+    keep_cols: tuple[str, ...] = ()
+
+    def inputs(self, batch: Any) -> Any:
+        """The batch's texts."""
+        return located(batch)
+
+    def table(self, batch: Any, probs: Any) -> Any:
+        """The output rows of a batch."""
+        p = np.asarray(probs, dtype=np.float32).reshape(len(batch.ids), len(self.labels))
+        best = p.argmax(axis=1) if len(p) else np.zeros(0, dtype=np.int64)
+        columns: dict[str, Any] = {
+            "id": pa.array(batch.ids, pa.string()),
+            "label": pa.array(self.labels[best].tolist(), pa.string()),
+            "score": pa.array(p[np.arange(len(p)), best], pa.float32()),
+        }
+        if self.top_k > 1:
+            order = np.argsort(-p, axis=1, kind="stable")[:, : self.top_k]
+            columns["top_labels"] = pa.array([self.labels[o].tolist() for o in order], pa.list_(pa.string()))
+            columns["top_scores"] = pa.array([p[i, o].tolist() for i, o in enumerate(order)], pa.list_(pa.float32()))
+        if self.all_scores:
+            columns["scores"] = embedding_array(p)
+        columns.update(kept_columns(batch, self.keep_cols))
+        return pa.table(columns)
+
+    def empty(self) -> Any:
+        """The output of no rows."""
+        return self.table(empty_batch(self.keep_cols), np.zeros((0, len(self.labels)), np.float32))
+
+
+def run_classify(
+    inputs: InputOptions, choice: ModelChoice, opts: ClassifyOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags)
+    spec = load_spec(choice)
+    require_task(spec, "classify", "classify")
+    if not 1 <= opts.top_k <= spec.num_labels:
+        raise UsageError(f"--top-k {opts.top_k}: the model has {spec.num_labels} labels")
+    mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
+    runner = build(
+        spec, choice,
+        RunnerOptions(
+            task="classify", max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]
+            truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]
+        ),
+        activation=activation(opts.activation), logit_mean=mean, logit_sigma=sigma,
+    )
+    codec = ClassifyCodec(np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols))
+    meta = provenance(
+        runner.model, runner,
+        {"activation": opts.activation, "logit_mean": mean, "logit_sigma": sigma, "labels": list(spec.id2label),
+         "top_k": opts.top_k, "all_scores": opts.all_scores},
+    )
+    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))

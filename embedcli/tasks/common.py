@@ -1,0 +1,184 @@
+"""What every compute command shares: model choice, output options, loading, provenance, and the `Job`.
+
+A task module (`embed`, `classify`, `tokens`, `pairs`) turns a command's options into one `Job` with
+`make_job` and runs it with `embedcli.run.run_job`; each returns the exit code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from embedcli.compute.build import RunnerRecipe, build_runner
+from embedcli.compute.runner import Runner, RunnerOptions
+from embedcli.engines.ray_engine import ray_runner
+from embedcli.errors import UsageError, display_path
+from embedcli.models.loader import LoadedModel, ModelOptions
+from embedcli.models.spec import ModelSpec, load_model_spec
+from embedcli.run.flags import RunFlags
+from embedcli.run.job import Engine, Job, Reporting, RowCodec, Target
+from embedcli.version import __version__
+
+ACTIVATIONS: tuple[str, ...] = ("auto", "softmax", "sigmoid", "none")
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which model, on which device and dtype."""
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_length: int | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    quantize: bool = False
+
+    def options(self, **task_options: Any) -> ModelOptions:
+        """The load options, with a task's (activation, calibration, step tag)."""
+        if self.quantize and (self.dtype not in ("auto", "float32") or self.device.startswith("cuda")):
+            raise UsageError(
+                "--quantize (int8 dynamic) runs on the CPU in float32: drop --dtype/--device or --quantize"
+            )
+        return ModelOptions(
+            device=self.device,
+            dtype=self.dtype,
+            allow_pickle=self.allow_pickle,
+            trust_remote_code=self.trust_remote_code,
+            quantize=self.quantize,
+            **task_options,
+        )
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where results go and how progress is reported."""
+
+    path: str
+    fmt: str | None = None
+    quiet: bool = False
+    stats_file: str | None = None
+
+
+def load_spec(choice: ModelChoice) -> ModelSpec:
+    """The model's resolved spec (reads configs and hashes the weight files once; loads no weights)."""
+    return load_model_spec(
+        choice.model,
+        allow_pickle=choice.allow_pickle,
+        trust_remote_code=choice.trust_remote_code,
+        max_length=choice.max_length,
+    )
+
+
+def build(spec: ModelSpec, choice: ModelChoice, runner_options: RunnerOptions, **task_options: Any) -> Runner:
+    """Load `spec`'s weights with the choice's device/dtype and task options, and build the runner."""
+    return build_runner(RunnerRecipe(spec, choice.options(**task_options), runner_options))
+
+
+def activation(name: str) -> str | None:
+    """`--activation`'s value for the model options (None: the model's own)."""
+    if name not in ACTIVATIONS:
+        raise UsageError(f"--activation {name!r}: choose one of {', '.join(ACTIVATIONS)}")
+    return None if name == "auto" else name
+
+
+def calibration(spec: ModelSpec, logit_mean: float | None = None, logit_sigma: float | None = None) -> tuple[Any, Any]:
+    """(logit_mean, logit_sigma): the flags, else the model's config.json keys `logit_mean` / `logit_sigma`
+    (vLLM's older names: `logit_bias` = mean, `logit_scale` = 1 / sigma), else none."""
+    try:
+        with open(Path(spec.path) / "config.json", encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        config = {}
+    mean = logit_mean if logit_mean is not None else config.get("logit_mean", config.get("logit_bias"))
+    sigma = logit_sigma
+    if sigma is None:
+        sigma = config.get("logit_sigma")
+        scale = config.get("logit_scale")
+        if sigma is None and scale is not None:
+            if float(scale) == 0:
+                raise UsageError(f"{spec.path}/config.json: logit_scale 0 cannot calibrate logits")
+            sigma = 1.0 / float(scale)
+    if sigma is not None and float(sigma) == 0:
+        raise UsageError("logit_sigma must be non-zero (it divides the logits)")
+    return (None if mean is None else float(mean)), (None if sigma is None else float(sigma))
+
+
+def provenance(model: LoadedModel, runner: Runner, extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """Key-value metadata every output carries: model, its content hash, resolved config and its hash."""
+    spec = model.spec
+    resolved = {
+        "task": runner.params.task,
+        "pooling": spec.seq_pooling_type,
+        "normalize": bool(runner.params.use_activation),
+        "dimensions": runner.params.dimensions,
+        "projector": [asdict(d) for d in spec.projector],
+        "max_length": runner.max_length,
+        "long_inputs": runner.options.long_inputs,
+        "truncation_side": runner.options.truncation_side,
+        "strip": runner.options.strip,
+        "prompt": runner.options.prompt,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "quantize": bool(model.options.quantize),
+        "model_config_hash": spec.config_hash(),
+        **(extra or {}),
+    }
+    config_json = json.dumps(resolved, sort_keys=True, default=str)
+    return {
+        "embedcli.version": __version__,
+        "embedcli.model": spec.name,
+        "embedcli.model_hash": spec.content_hash,
+        "embedcli.config": config_json,
+        "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
+        "embedcli.dtype": resolved["dtype"],
+        # Outside the config hash: how `auto` was resolved does not change what a resumed run must match.
+        "embedcli.dtype_reason": getattr(model, "dtype_reason", ""),
+    }
+
+
+class RowInputs(list):  # type: ignore[type-arg]
+    """Runner inputs made from one input batch; `locate(i)` names the file, line/row and id of input `i`."""
+
+    def __init__(self, items: Iterable[Any], batch: Any, row_of: Callable[[int], int] | None = None) -> None:
+        super().__init__(items)
+        self.batch = batch
+        self.row_of = row_of
+
+    def locate(self, i: int) -> str:
+        """`file line N (id 'x')` of the input row behind runner input `i`."""
+        j = self.row_of(i) if self.row_of else i
+        b = self.batch
+        return f"{display_path(b.source)} {b.locations[j]} (id {b.ids[j]!r})"
+
+
+def located(batch: Any) -> RowInputs:
+    """A batch's texts as runner inputs that can name their rows."""
+    return RowInputs(batch.texts, batch)
+
+
+def engine_for(runner: Runner, flags: RunFlags) -> Engine:
+    """The local runner, or (`--engine ray`) the same runner inside a pool of Ray actors."""
+    if flags.engine == "ray":
+        return ray_runner(
+            runner, address=flags.ray_address, workers=flags.workers, gpus_per_worker=flags.gpus_per_worker
+        )
+    return runner
+
+
+def make_job(
+    source: Iterable[Any], runner: Runner, codec: RowCodec, meta: dict[str, str], output: OutputOptions, flags: RunFlags
+) -> Job:
+    """The `Job` of a compute command."""
+    return Job(
+        source=source,
+        engine=engine_for(runner, flags),
+        codec=codec,
+        provenance=meta,
+        target=Target(output.path, output.fmt),
+        flags=flags,
+        reporting=Reporting(output.quiet, output.stats_file),
+    )

@@ -1,0 +1,223 @@
+"""`embedcli embed`: one vector per row; with `--precision`, quantized as sentence-transformers does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.compute.build import build_runner, embed_recipe
+from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.io.manifest import (
+    KEY_COMPLETE,
+    KEY_CONFIG_KEY,
+    KEY_JOB,
+    KEY_SKIPPED,
+    config_key,
+    index_sidecar,
+    job_key,
+    output_metadata,
+)
+from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
+from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
+from embedcli.run.execute import run_job
+from embedcli.run.flags import RunFlags
+from embedcli.run.job import Job, Target
+from embedcli.run.source import BatchSource, InputOptions, kept_columns
+from embedcli.run.target import check_target
+from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, provenance
+
+SPOOL_SUFFIX = ".embedcli-float32.parquet"
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """Embedding-specific choices."""
+
+    normalize: bool | None = None
+    max_batch_tokens: int | None = None
+    strip: bool = False
+    dimensions: int | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+    long_inputs: str = "truncate"
+    truncation_side: str = "right"
+    precision: str = "float32"
+    calibration: str | None = None
+
+
+@dataclass(frozen=True)
+class EmbedCodec:
+    """Rows of `embed`: id, embedding (fixed_size_list<float32>[width]) and the kept columns."""
+
+    width: int
+    keep_cols: tuple[str, ...] = ()
+
+    def inputs(self, batch: Any) -> Any:
+        """The batch's texts."""
+        return located(batch)
+
+    def table(self, batch: Any, vectors: Any) -> Any:
+        """The output rows of a batch."""
+        columns = {"id": pa.array(batch.ids, pa.string()), "embedding": embedding_array(np.asarray(vectors))}
+        columns.update(kept_columns(batch, self.keep_cols))
+        return pa.table(columns)
+
+    def empty(self) -> Any:
+        """The output of no rows."""
+        return pa.table(
+            {"id": pa.array([], pa.string()), "embedding": embedding_array(np.zeros((0, self.width), np.float32))}
+        )
+
+
+@dataclass(frozen=True)
+class QuantizedCodec:
+    """Another codec's rows with the `embedding` column quantized (see `embedcli.quantize`)."""
+
+    inner: Any
+    quant: Quantizer
+
+    def inputs(self, batch: Any) -> Any:
+        """The inner codec's inputs."""
+        return self.inner.inputs(batch)
+
+    def table(self, batch: Any, result: Any) -> Any:
+        """The inner codec's rows, quantized."""
+        return self.quant.table(self.inner.table(batch, result))
+
+    def empty(self) -> Any:
+        """The inner codec's empty output, quantized."""
+        return self.quant.table(self.inner.empty())
+
+
+def run_embed(
+    inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags)
+    spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
+    recipe = embed_recipe(
+        spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,
+        strip=embed.strip, dimensions=embed.dimensions, prompt=embed.prompt, prompt_name=embed.prompt_name,
+        long_inputs=embed.long_inputs, truncation_side=embed.truncation_side,
+    )
+    quant = make_quantizer(embed.precision, embed.calibration)
+    runner = build_runner(recipe)
+    width = runner.params.dimensions or spec.embedding_size
+    codec = EmbedCodec(width, tuple(inputs.keep_cols))
+    meta = provenance(runner.model, runner, quant.config())
+    job = make_job(BatchSource(inputs), runner, codec, meta, output, flags)
+    if quant.precision == "float32":
+        return run_job(job)
+    if quant.ranges is not None and quant.ranges.shape[1] != width:
+        raise UsageError(f"--calibration {embed.calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
+    return run_quantized(job, quant)
+
+
+def run_quantized(job: Job, quant: Quantizer) -> int:
+    """`job` with the `embedding` column quantized.
+
+    With ranges known (any precision but int8/uint8, or `--calibration`) each batch is quantized as it is
+    committed. Otherwise the float32 output is first written, by the ordinary resumable loop, to a spool
+    `OUT.embedcli-float32.parquet` beside the output (a killed run resumes it); then its per-dimension
+    min/max are computed, the spool is quantized into the output in one atomic write, and removed. A rerun
+    of a finished job finds the output complete and does nothing; an output made with another config is
+    not replaced without `--overwrite`.
+    """
+    if not quant.needs_ranges:
+        meta = {**job.provenance, **quant.metadata()}
+        return run_job(replace(job, codec=QuantizedCodec(job.codec, quant), provenance=meta))
+    if job.flags.incremental or job.flags.shards_dir:
+        raise UsageError(
+            f"--precision {quant.precision} takes its ranges from the whole output, which --incremental and "
+            "--shards-dir cannot see at once; pass --calibration FILE (e.g. an earlier float32 or "
+            f"{quant.precision} output) so every row is quantized with the same ranges"
+        )
+    if job.target.path == "-":  # stdout: nothing to resume; spool in a temporary folder
+        spool_dir = tempfile.mkdtemp(prefix=".embedcli-spool-")
+        try:
+            return _spooled(job, quant, os.path.join(spool_dir, "float32.parquet"))
+        finally:
+            shutil.rmtree(spool_dir, ignore_errors=True)
+    done = _finished_quantized(job)
+    if done is not None:
+        return done
+    spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
+    code = _spooled(job, quant, spool)
+    for leftover in (spool, index_sidecar(spool)):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+    return code
+
+
+def _spooled(job: Job, quant: Quantizer, spool: str) -> int:
+    """Run `job` into a float32 Parquet `spool`, then quantize the spool into the job's output."""
+    code = run_job(replace(job, target=Target(spool, "parquet")))
+    _quantize_spool(spool, job, quant)
+    return code
+
+
+def _finished_quantized(job: Job) -> int | None:
+    """Exit code when the output already holds this job's complete result; UsageError if made otherwise."""
+    source, target = job.source, job.target
+    existing = output_metadata(target.path, target.fmt)
+    if existing is None or job.flags.overwrite or not isinstance(source, BatchSource):
+        return None
+    cfg = config_key(job.provenance, source.options(), "parquet")
+    if existing.get(KEY_CONFIG_KEY) != cfg:
+        raise UsageError(f"{target.path} was made with a different config; pass --overwrite to replace it, "
+                         "or choose another -o")
+    if existing.get(KEY_JOB) == job_key(cfg, source.fingerprints(source.paths())) and existing.get(KEY_COMPLETE) == "true":
+        if not job.reporting.quiet:
+            print(f"embedcli: {target.path} is already complete (same inputs and config): nothing to do", file=sys.stderr)
+        return EXIT_SKIPPED if int(existing.get(KEY_SKIPPED, "0") or 0) else EXIT_OK
+    return None
+
+
+def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None:
+    """Set `quant`'s ranges from the whole float32 spool."""
+    ranges, rows = None, 0
+    for rb in source.iter_batches(columns=["embedding"], batch_size=8192):
+        m = embedding_matrix(rb.column(0))
+        if len(m):
+            ranges, rows = merge_ranges(ranges, ranges_of(m)), rows + len(m)
+    if rows == 1:
+        raise UsageError(
+            f"--precision {quant.precision}: ranges cannot be computed from a single embedding; "
+            "pass --calibration FILE (float vectors, or an earlier int8/uint8 output)"
+        )
+    if ranges is not None:
+        quant.ranges, quant.calibration = ranges, "output"
+    if rows and rows < 100 and not quiet:
+        print(f"embedcli: {quant.precision} ranges computed from only {rows} embeddings", file=sys.stderr)
+
+
+def _quantize_spool(spool: str, job: Job, quant: Quantizer) -> None:
+    """Ranges from the whole float32 spool, then the spool quantized into the output (one atomic write)."""
+    source = pq.ParquetFile(spool)
+    _spool_ranges(source, quant, job.reporting.quiet)
+    # the spool's metadata (config and job keys, rows, completeness) describes the output too
+    final_meta = {**(output_metadata(spool, "parquet") or job.provenance), **quant.metadata()}
+    path, fmt = job.target.path, job.target.fmt
+    writer = None
+    try:
+        for rb in source.iter_batches(batch_size=8192):
+            table = quant.table(pa.Table.from_batches([rb]))
+            if writer is None:
+                writer = open_writer(path, table.schema, final_meta, fmt=fmt)
+            writer.write(table)
+        if writer is None:
+            writer = open_writer(path, quant.table(job.codec.empty()).schema, final_meta, fmt=fmt)
+        writer.commit()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise

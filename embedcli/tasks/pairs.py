@@ -1,0 +1,369 @@
+"""`embedcli score` and `embedcli rerank`: pairs scored by a cross-encoder, by cosine or by maxsim."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from embedcli.compute.choice import can_do
+from embedcli.compute.runner import Runner, RunnerOptions
+from embedcli.errors import EXIT_OK, InputError, UsageError
+from embedcli.io.readers import read_inputs
+from embedcli.io.writers import open_writer
+from embedcli.models.spec import ModelSpec
+from embedcli.run.execute import run_job
+from embedcli.run.flags import RunFlags
+from embedcli.run.progress import Progress
+from embedcli.run.report import RunReport, peak_rss_mb, write_stats
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns, null_text_error
+from embedcli.run.target import check_target
+from embedcli.scoring import METHODS, PairScorer, TopN
+from embedcli.tasks.common import (
+    ModelChoice,
+    OutputOptions,
+    RowInputs,
+    build,
+    calibration,
+    load_spec,
+    make_job,
+    provenance,
+)
+
+PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed"}
+
+
+@dataclass(frozen=True)
+class PairOptions:
+    """Choices shared by `score` and `rerank`."""
+
+    method: str = "auto"
+    raw_scores: bool = False
+    max_batch_tokens: int | None = None
+    long_inputs: str = "truncate"
+    truncation_side: str = "right"
+
+
+@dataclass(frozen=True)
+class ScoreOptions(PairOptions):
+    """`score` choices: 1:1 pairs from two columns, or one left text against every right text."""
+
+    left_col: str = "left"
+    right_col: str = "right"
+    left: str | None = None
+
+
+@dataclass(frozen=True)
+class RerankOptions(PairOptions):
+    """`rerank` choices."""
+
+    query: str | None = None
+    queries: str | None = None
+    query_col: str = "text"
+    query_id_col: str | None = None
+    top_n: int = 0
+    return_documents: bool = False
+    group_col: str | None = None  # each row is a candidate of the query whose id is in this column
+
+
+class QueryChoice(Protocol):
+    """Where a command's queries come from: `--query TEXT` or `--queries FILE` (and its columns)."""
+
+    @property
+    def query(self) -> str | None: ...
+    @property
+    def queries(self) -> str | None: ...
+    @property
+    def query_col(self) -> str: ...
+    @property
+    def query_id_col(self) -> str | None: ...
+
+
+def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
+    """How `spec` scores pairs: cross-encoder, cosine or maxsim (`auto`: by the model, as vLLM's score type)."""
+    if method not in METHODS:
+        raise UsageError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
+    if method == "auto":
+        if spec.score_type == "cross-encoder":
+            return "cross-encoder"
+        if spec.score_type == "bi-encoder":
+            return "cosine"
+    elif method == "cross-encoder" and spec.score_type == "cross-encoder":
+        return method
+    elif method in ("cosine", "maxsim") and spec.head == "base":
+        return method
+    why = {
+        "sequence_classification": f"a classifier with {spec.num_labels} labels scores pairs only as a "
+        "cross-encoder, which needs exactly one label",
+        "token_classification": "a token classifier cannot score pairs",
+        "base": "an embedding model scores pairs by cosine or maxsim, not as a cross-encoder",
+    }[spec.head]
+    raise UsageError(f"{command}: model {spec.name!r} cannot score pairs with method {method!r}: {why}; {can_do(spec)}")
+
+
+def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[Runner, PairScorer]:
+    """The runner and scorer of `score` / `rerank` for the model's pair method."""
+    spec = load_spec(choice)
+    method = resolve_method(spec, opts.method, command)
+    extra: dict[str, Any] = {}
+    if method == "cross-encoder":
+        mean, sigma = calibration(spec)
+        extra = {"logit_mean": mean, "logit_sigma": sigma, "activation": "none" if opts.raw_scores else None}
+    runner = build(
+        spec, choice,
+        RunnerOptions(
+            task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
+            long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+            strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
+        ),
+        **extra,
+    )
+    # `--method auto` scores a bi-encoder as its own `model.similarity`; an explicit `--method cosine` is cosine.
+    similarity = spec.similarity_fn_name if opts.method == "auto" else "cosine"
+    return runner, PairScorer(runner, method, dict(spec.prompts), similarity)
+
+
+# -- score ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScoreCodec:
+    """Rows of `score`: id, score, kept columns; one left text against every row, or a left and right column."""
+
+    scorer: PairScorer
+    opts: ScoreOptions
+    left_encoded: Any = None
+    keep_cols: tuple[str, ...] = ()
+
+    def inputs(self, batch: Any) -> RowInputs:
+        """The batch's pairs (or right texts) as the runner's inputs."""
+        n = len(batch.ids)
+        if self.opts.left is not None:
+            return RowInputs(self.scorer.doc_inputs([self.opts.left], batch.texts), batch)
+        rights = batch.extra_texts[self.opts.right_col]  # nulls were set aside by the run's row checks
+        return RowInputs(self.scorer.pair_inputs(batch.texts, rights), batch, row_of=lambda i: i % max(n, 1))
+
+    def table(self, batch: Any, result: Any) -> Any:
+        """The output rows of a batch."""
+        n = len(batch.ids)
+        if not n:
+            scores = np.zeros(0, np.float32)
+        elif self.opts.left is not None:
+            scores = self.scorer.score_matrix(self.left_encoded, result, 1, n)[0]
+        else:
+            scores = self.scorer.pair_scores(result, n)
+        columns = {"id": pa.array(batch.ids, pa.string()), "score": pa.array(scores, pa.float32())}
+        columns.update(kept_columns(batch, self.keep_cols))
+        return pa.table(columns)
+
+    def empty(self) -> Any:
+        """The output of no rows."""
+        columns = {"id": pa.array([], pa.string()), "score": pa.array([], pa.float32())}
+        columns.update(kept_columns(empty_batch(self.keep_cols), self.keep_cols))
+        return pa.table(columns)
+
+
+def run_score(
+    inputs: InputOptions, choice: ModelChoice, opts: ScoreOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags)
+    runner, scorer = pair_scorer(choice, opts, "score")
+    if opts.left is not None:
+        source = BatchSource(replace(inputs, text_col=opts.right_col))
+        left_encoded = scorer.encode_queries([opts.left])
+    else:
+        source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
+        left_encoded = None
+    codec = ScoreCodec(scorer, opts, left_encoded, tuple(inputs.keep_cols))
+    model = runner.model
+    meta = provenance(model, runner, {"method": scorer.method, "raw_scores": opts.raw_scores, "left": opts.left,
+                                      "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt,
+                                      "logit_mean": model.options.logit_mean, "logit_sigma": model.options.logit_sigma})
+    return run_job(make_job(source, runner, codec, meta, output, flags))
+
+
+# -- rerank --------------------------------------------------------------------------------------------
+def read_queries(opts: QueryChoice, command: str = "rerank") -> list[tuple[str, str]]:
+    """(id, text) of `--query` or of every row of `--queries FILE`."""
+    if (opts.query is None) == (opts.queries is None):
+        raise UsageError(f"{command} needs exactly one of --query TEXT or --queries FILE")
+    if opts.query is not None:
+        return [("query", opts.query)]
+    out: list[tuple[str, str]] = []
+    for batch in read_inputs([opts.queries], text_col=opts.query_col, id_col=opts.query_id_col):  # type: ignore[list-item]
+        for loc, rid, text in zip(batch.locations, batch.ids, batch.texts, strict=True):
+            if text is None:
+                raise InputError(batch.source, "query text is null", location=loc, record_id=rid)
+            out.append((rid, text))
+    return out
+
+
+class Documents:
+    """The documents read so far (ids, texts with `--return-documents`, kept columns), by position."""
+
+    def __init__(self, keep_cols: list[str], with_text: bool) -> None:
+        self.ids: list[str] = []
+        self.texts: list[str] = []
+        self.cols: dict[str, list[Any]] = {c: [] for c in keep_cols}
+        self.with_text = with_text
+
+    def add(self, batch: Any) -> int:
+        """Keep a batch's documents; returns the position of its first one."""
+        base = len(self.ids)
+        self.ids.extend(batch.ids)
+        if self.with_text:
+            self.texts.extend(batch.texts)
+        for c in self.cols:
+            self.cols[c].extend(batch.columns[c])
+        return base
+
+    def table(self, query_id: str, scores: np.ndarray, index: np.ndarray) -> Any:
+        """The ranked rows of one query."""
+        idx = index.tolist()
+        columns: dict[str, Any] = {
+            "query_id": pa.array([query_id] * len(idx), pa.string()),
+            "id": pa.array([self.ids[i] for i in idx], pa.string()),
+            "score": pa.array(scores, pa.float32()),
+            "rank": pa.array(np.arange(1, len(idx) + 1, dtype=np.int32), pa.int32()),
+        }
+        if self.with_text:
+            columns["text"] = pa.array([self.texts[i] for i in idx], pa.string())
+        for c, values in self.cols.items():
+            arr = pa.array([values[i] for i in idx])
+            columns[c] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
+        return pa.table(columns)
+
+    def empty(self) -> Any:
+        """The output of no queries."""
+        return self.table("", np.zeros(0, np.float32), np.zeros(0, np.int64))
+
+
+def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
+    """Per row of a grouped-candidates batch, the position of its query in --queries (InputError if unknown)."""
+    out = np.empty(len(batch.ids), dtype=np.int64)
+    for j, (loc, rid, qid) in enumerate(zip(batch.locations, batch.ids, batch.extra_texts[col], strict=True)):
+        if qid is None:
+            raise null_text_error(batch, j)
+        if qid not in q_index:
+            raise InputError(batch.source, f"{col} {qid!r} is not the id of a query in --query/--queries",
+                             location=loc, record_id=rid, fix="pass the --queries file the candidates were searched with")
+        out[j] = q_index[qid]
+    return out
+
+
+def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, group_col: str,
+                  queries: list[tuple[str, str]], keepers: list[TopN], docs: Documents, progress: Progress) -> None:
+    """Score each candidate row against its own query only (the one named in `group_col`)."""
+    q_index = {q: i for i, (q, _) in enumerate(queries)}
+    held: deque[tuple[int, np.ndarray]] = deque()
+
+    def runner_inputs() -> Iterator[RowInputs]:
+        for batch in BatchSource(inputs, (group_col,)):
+            groups = _query_of_rows(batch, group_col, q_index)
+            held.append((docs.add(batch), groups))
+            pairs = scorer.pair_inputs([queries[g][1] for g in groups], batch.texts)
+            yield RowInputs(pairs, batch, row_of=lambda i, n=len(groups): i % n)
+
+    for result in runner.map(runner_inputs()):
+        base, groups = held.popleft()
+        n = len(groups)
+        scores = scorer.pair_scores(result, n)
+        index = np.arange(base, base + n)
+        for qi in np.unique(groups):
+            mine = groups == qi
+            keepers[qi].add(scores[mine], index[mine])
+        progress.update(n, runner.stats.tokens)
+
+
+def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: list[str], keepers: list[TopN],
+          docs: Documents, progress: Progress) -> None:
+    """Score every document against every query, keeping each query's best (`keepers`)."""
+    nq = len(q_texts)
+    rows = inputs.batch_rows
+    if scorer.method == "cross-encoder":
+        rows = max(1, min(rows, 8192 // nq))  # at most ~8k pairs per step
+    q_encoded = scorer.encode_queries(q_texts)
+    held: deque[tuple[int, int]] = deque()
+
+    def runner_inputs() -> Iterator[RowInputs]:
+        for batch in BatchSource(replace(inputs, batch_rows=rows)):
+            n = len(batch.ids)
+            held.append((docs.add(batch), n))
+            yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=lambda i, n=n: i % n)
+
+    for result in runner.map(runner_inputs()):
+        base, n = held.popleft()
+        scores = scorer.score_matrix(q_encoded, result, nq, n)
+        index = np.arange(base, base + n)
+        for qi, keeper in enumerate(keepers):
+            keeper.add(scores[qi], index)
+        progress.update(n, runner.stats.tokens)
+
+
+def run_rerank(
+    inputs: InputOptions, choice: ModelChoice, opts: RerankOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli rerank`: every query against every document, sorted by score (stable), cut to `--top-n`.
+
+    Documents are streamed; per query the best `--top-n` (or all) scores are kept with the documents' ids
+    (and texts with `--return-documents`), and the output is written once every document is scored.
+    """
+    flags = flags or RunFlags()
+    check_target(output.path, flags)
+    if opts.top_n < 0:
+        raise UsageError(f"--top-n {opts.top_n}: must be 0 (all) or more")
+    report = RunReport(quiet=output.quiet)
+    queries = read_queries(opts)
+    runner, scorer = pair_scorer(choice, opts, "rerank")
+    keepers = [TopN(opts.top_n) for _ in queries]
+    docs = Documents(list(inputs.keep_cols), opts.return_documents)
+    progress = report.start_progress(0, flags.log_every)
+    try:
+        if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)
+            _rank_grouped(runner, scorer, inputs, opts.group_col, queries, keepers, docs, progress)
+        elif queries:
+            _rank(runner, scorer, inputs, [t for _, t in queries], keepers, docs, progress)
+    finally:
+        progress.close()
+        report.progress = None
+    t0 = time.perf_counter()
+    tables = [docs.table(q_id, *keeper.result()) for (q_id, _), keeper in zip(queries, keepers, strict=True)]
+    tables = tables or [docs.empty()]
+    meta = provenance(runner.model, runner, {
+        "method": scorer.method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
+        "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt, "group_col": opts.group_col,
+    })
+    _write_all(output, tables, meta)
+    report.seconds["write"] = time.perf_counter() - t0
+    _rerank_stats(output, runner, report)
+    return EXIT_OK
+
+
+def _write_all(output: OutputOptions, tables: list[Any], meta: dict[str, str]) -> None:
+    """Every query's rows into one output, in one atomic write."""
+    schema = tables[0].schema
+    writer = open_writer(output.path, schema, meta, fmt=output.fmt)
+    try:
+        for table in tables:
+            writer.write(table.cast(schema) if table.schema != schema else table)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _rerank_stats(output: OutputOptions, runner: Runner, report: RunReport) -> None:
+    stats = runner.stats
+    if stats.truncated_rows:
+        report.note(f"{stats.truncated_rows} of {stats.rows} inputs were truncated to {runner.max_length} tokens")
+    if output.stats_file:
+        data = stats.to_dict()
+        data["seconds"]["write"] = round(report.seconds["write"], 4)
+        data["seconds"]["total"] = round(time.perf_counter() - report.started, 4)
+        data["peak_rss_mb"] = peak_rss_mb()
+        write_stats(output.stats_file, data)

@@ -1,0 +1,253 @@
+"""`embedcli token-embed` / `token-classify`: per-token vectors, or a label and score per token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from embedcli.compute.choice import require_task
+from embedcli.compute.runner import Runner, RunnerOptions, TokenRows
+from embedcli.errors import UsageError
+from embedcli.io.writers import embedding_array
+from embedcli.pooling import get_activation, resolve_classifier_activation
+from embedcli.run.execute import run_job
+from embedcli.run.flags import RunFlags
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.target import check_target
+from embedcli.tasks.common import (
+    ModelChoice,
+    OutputOptions,
+    activation,
+    build,
+    calibration,
+    load_spec,
+    located,
+    make_job,
+    provenance,
+)
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """`token-embed` / `token-classify` choices."""
+
+    keep_special: bool = False
+    step_tag_id: int | None = None
+    returned_token_ids: tuple[int, ...] | None = None
+    dimensions: int | None = None  # token-embed
+    normalize: bool | None = None  # token-embed
+    activation: str = "auto"  # token-classify
+    all_scores: bool = False  # token-classify
+    logit_mean: float | None = None
+    logit_sigma: float | None = None
+    max_batch_tokens: int | None = None
+    long_inputs: str = "truncate"
+    truncation_side: str = "right"
+    strip: bool = False
+
+
+def special_ids(model: Any) -> np.ndarray:
+    """Ids of the tokens the tokenizer's template adds (CLS/SEP/BOS/EOS/PAD); UNK and MASK stay."""
+    tok = model.hf_tokenizer
+    ids = {getattr(tok, f"{name}_token_id", None) for name in ("cls", "sep", "bos", "eos", "pad")}
+    return np.asarray(sorted(i for i in ids if i is not None), dtype=np.int64)
+
+
+def select_tokens(
+    ids: np.ndarray, values: np.ndarray, special: np.ndarray, opts: TokenOptions
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kept rows: step-tag tokens under step pooling; else all tokens but special ones (unless kept)."""
+    if opts.step_tag_id is not None:
+        ids = ids[ids == opts.step_tag_id]
+        if len(ids) != len(values):
+            raise RuntimeError(f"step pooling returned {len(values)} rows for {len(ids)} step tokens")
+        return ids, values
+    if opts.keep_special or not len(special):
+        return ids, values
+    keep = ~np.isin(ids, special)
+    return ids[keep], values[keep]
+
+
+def list_of_vectors(matrices: Sequence[np.ndarray], width: int, dtype: Any = np.float32) -> Any:
+    """`list<fixed_size_list<dtype>[width]>` from one `[n_i, width]` matrix per row."""
+    offsets = np.zeros(len(matrices) + 1, dtype=np.int32)
+    np.cumsum([len(m) for m in matrices], out=offsets[1:])
+    flat = np.concatenate([np.asarray(m, dtype=dtype).reshape(-1, width) for m in matrices]) if matrices else None
+    if flat is None:
+        flat = np.zeros((0, width), dtype=dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), embedding_array(flat))
+
+
+def list_column(parts: Sequence[np.ndarray], typ: Any) -> Any:
+    """`list<typ>` from one array per row."""
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    values = np.concatenate(parts) if parts else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, typ))
+
+
+@dataclass(frozen=True)
+class TokenEmbedCodec:
+    """Rows of `token-embed`: id, token_ids, embeddings (list<fixed_size_list<float32>[d]>), kept columns."""
+
+    opts: TokenOptions
+    special: np.ndarray
+    width: int
+    keep_cols: tuple[str, ...] = ()
+
+    def inputs(self, batch: Any) -> Any:
+        """The batch's texts."""
+        return located(batch)
+
+    def table(self, batch: Any, result: TokenRows) -> Any:
+        """The output rows of a batch."""
+        kept = [select_tokens(i, v, self.special, self.opts) for i, v in zip(result.ids, result.values, strict=True)]
+        columns: dict[str, Any] = {
+            "id": pa.array(batch.ids, pa.string()),
+            "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
+            "embeddings": list_of_vectors([k[1] for k in kept], self.width),
+        }
+        columns.update(kept_columns(batch, self.keep_cols))
+        return pa.table(columns)
+
+    def empty(self) -> Any:
+        """The output of no rows."""
+        return self.table(empty_batch(self.keep_cols), TokenRows([], []))
+
+
+@dataclass(frozen=True)
+class LabelColumns:
+    """vLLM's step pooling column filter: keep these label columns of the calibrated logits, then the
+    activation over the kept columns only (`--returned-token-ids`); identity without columns."""
+
+    columns: tuple[int, ...] | None
+    activation: Callable[[torch.Tensor], torch.Tensor] | None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if not self.columns:
+            return x
+        kept = np.ascontiguousarray(x[:, list(self.columns)])
+        if not len(kept) or self.activation is None:
+            return kept
+        with torch.inference_mode():
+            return self.activation(torch.from_numpy(kept)).numpy()
+
+
+def label_columns(model: Any, opts: TokenOptions) -> LabelColumns:
+    """The `LabelColumns` of `--returned-token-ids` (UsageError for a label the model does not have)."""
+    if not opts.returned_token_ids:
+        return LabelColumns(None, None)
+    columns = tuple(opts.returned_token_ids)
+    bad = [j for j in columns if not 0 <= j < model.spec.num_labels]
+    if bad:
+        raise UsageError(f"--returned-token-ids {bad}: the model has labels 0..{model.spec.num_labels - 1}")
+    name = activation(opts.activation)
+    if name is None:
+        act = resolve_classifier_activation(model.backbone.config, static_num_labels=False)
+    else:
+        act = get_activation(name, None)
+    return LabelColumns(columns, act)
+
+
+@dataclass(frozen=True)
+class TokenClassifyCodec:
+    """Rows of `token-classify`: id, token_ids, labels, scores, [probs], kept columns."""
+
+    opts: TokenOptions
+    special: np.ndarray
+    label_names: np.ndarray
+    select: LabelColumns
+    keep_cols: tuple[str, ...] = ()
+
+    def inputs(self, batch: Any) -> Any:
+        """The batch's texts."""
+        return located(batch)
+
+    def table(self, batch: Any, result: TokenRows) -> Any:
+        """The output rows of a batch."""
+        width = len(self.label_names)
+        kept = [select_tokens(i, v, self.special, self.opts) for i, v in zip(result.ids, result.values, strict=True)]
+        probs = [self.select(np.asarray(k[1], dtype=np.float32)).reshape(-1, width) for k in kept]
+        best = [p.argmax(axis=1) if len(p) else np.zeros(0, dtype=np.int64) for p in probs]
+        columns: dict[str, Any] = {
+            "id": pa.array(batch.ids, pa.string()),
+            "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
+            "labels": pa.array([self.label_names[b].tolist() for b in best], pa.list_(pa.string())),
+            "scores": list_column([p[np.arange(len(p)), b] for p, b in zip(probs, best, strict=True)], pa.float32()),
+        }
+        if self.opts.all_scores:
+            columns["probs"] = list_of_vectors(probs, width)
+        columns.update(kept_columns(batch, self.keep_cols))
+        return pa.table(columns)
+
+    def empty(self) -> Any:
+        """The output of no rows."""
+        return self.table(empty_batch(self.keep_cols), TokenRows([], []))
+
+
+def token_runner(task: str, command: str, choice: ModelChoice, opts: TokenOptions) -> Runner:
+    """The runner of a token task: its results carry each row's token ids (`TokenRows`)."""
+    if opts.long_inputs == "chunk":
+        raise UsageError(f"{command}: --long-inputs chunk applies to embed only; use truncate or error")
+    spec = load_spec(choice)
+    require_task(spec, task, command)
+    if opts.returned_token_ids and task != "token_classify":
+        raise UsageError(f"{command}: --returned-token-ids selects label columns; it applies to token-classify")
+    # Step pooling's row filter (--step-tag-id) runs in the pooler. Its column filter (--returned-token-ids)
+    # must select *label* columns, as in vLLM where a reward model's forward already ends in its score head:
+    # here the classifier is part of the head, so the columns are selected after it (`LabelColumns`) and
+    # the activation runs on the kept columns only.
+    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id, "task": task}
+    if task == "token_classify":
+        mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
+        act = "none" if opts.returned_token_ids else activation(opts.activation)
+        extra.update(activation=act, logit_mean=mean, logit_sigma=sigma)
+    options = RunnerOptions(
+        task=task, max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]
+        truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]
+        normalize=opts.normalize if task == "token_embed" else None, dimensions=opts.dimensions,
+        with_token_ids=True,
+    )
+    return build(spec, choice, options, **extra)
+
+
+def run_token_embed(
+    inputs: InputOptions, choice: ModelChoice, opts: TokenOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags)
+    runner = token_runner("token_embed", "token-embed", choice, opts)
+    model = runner.model
+    width = runner.params.dimensions or model.spec.embedding_size
+    codec = TokenEmbedCodec(opts, special_ids(model), width, tuple(inputs.keep_cols))
+    meta = provenance(model, runner, {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
+                                      "returned_token_ids": opts.returned_token_ids})
+    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
+
+
+def run_token_classify(
+    inputs: InputOptions, choice: ModelChoice, opts: TokenOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags)
+    runner = token_runner("token_classify", "token-classify", choice, opts)
+    model = runner.model
+    names = list(model.spec.id2label)
+    select = label_columns(model, opts)
+    if opts.returned_token_ids:
+        names = [names[j] for j in opts.returned_token_ids]
+    codec = TokenClassifyCodec(
+        opts, special_ids(model), np.asarray(names, dtype=object), select, tuple(inputs.keep_cols)
+    )
+    meta = provenance(model, runner, {"activation": opts.activation, "labels": names,
+                                      "keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
+                                      "returned_token_ids": opts.returned_token_ids, "all_scores": opts.all_scores,
+                                      "logit_mean": model.options.logit_mean, "logit_sigma": model.options.logit_sigma})
+    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
