@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import ModelConfigError, load_model_spec
-from embedcli.runner import Runner, RunnerOptions
 from tests.fixtures.tiny_models import (
     DECODER_KW,
     DECODERS,
@@ -264,7 +264,7 @@ def test_hot_path_never_imports_transformers(tiny_model) -> None:
 import sys
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
-from embedcli.runner import Runner
+from embedcli.compute.runner import Runner
 loaded = LoadedModel(load_model_spec({str(folder)!r}), ModelOptions(device="cpu", dtype="float32"))
 assert loaded.own_backbone
 vectors = Runner(loaded).embed(["hello world", "the fox"])
