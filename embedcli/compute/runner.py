@@ -16,6 +16,7 @@ import torch
 
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
+from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
 from embedcli.models.loader import LoadedModel
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 from embedcli.pooling.poolers import pool_empty
@@ -147,6 +148,7 @@ class Runner:
         self.stats = RunStats()
         self._tokenizer = model.tokenizer
         self._special_ids = model.hf_tokenizer.all_special_ids
+        self._clip_bound = clip_bound(self._tokenizer, self.max_length)
         self._prompt_tokens = self._excluded_prompt_tokens()
         if self.options.dimensions is not None and not (spec.is_matryoshka or spec.matryoshka_dimensions):
             print(
@@ -193,7 +195,13 @@ class Runner:
         prepared: list[Any] = [
             (self._prepare(t[0]), t[1]) if isinstance(t, tuple) else self._prepare(t) for t in texts
         ]
-        encodings = tok.encode_batch(prepared)
+        if mode == "truncate":  # cut huge texts by characters first; same tokens (embedcli.models.char_clip)
+            clipped, cut = clip_texts(prepared, self._clip_bound, self.options.truncation_side)
+            encodings = tok.encode_batch(clipped)
+            for i in unsafe_cuts(clipped, encodings, cut, self.options.truncation_side):
+                encodings[i] = tok.encode(prepared[i])
+        else:
+            encodings = tok.encode_batch(prepared)
         ids: list[np.ndarray] = []
         types: list[np.ndarray] = []
         owner: list[int] = []

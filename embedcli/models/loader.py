@@ -73,12 +73,15 @@ def _load_dense(folder: Path, dense: DenseSpec) -> nn.Module:
     """A Dense module's Linear + activation; weights that fail to load are an error (vLLM skips silently)."""
     from safetensors.torch import load_file
 
+    from embedcli.models.weights_file import check_safetensors
+
     weights_path = folder / dense.path / "model.safetensors"
     if not weights_path.is_file():
         raise ModelConfigError(
             f"{weights_path}: missing; the Dense projector cannot be loaded (embedcli does not fall back to "
             "the raw pooled vector, which would silently change the embedding size)"
         )
+    check_safetensors(weights_path)
     state = load_file(str(weights_path))
     linear = nn.Linear(dense.in_features, dense.out_features, bias=dense.bias)
     for prefix in ("linear.", "", "dense."):

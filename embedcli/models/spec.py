@@ -165,6 +165,10 @@ def _head_kind(architecture: str) -> str:
 def _weights(folder: Path, allow_pickle: bool) -> tuple[str, ...]:
     safetensors = sorted(p.name for p in folder.glob("*.safetensors"))
     if safetensors:
+        from embedcli.models.weights_file import check_safetensors  # imports this module
+
+        for name in safetensors:
+            check_safetensors(folder / name)  # a truncated file: one line now, not a SafetensorError later
         return tuple(safetensors)
     pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     if pickled:

@@ -87,6 +87,8 @@ class Pipeline:
         if self.source is not None:
             self.paths = self.source.paths()
             fingerprints = self.source.fingerprints(self.paths)
+            if fingerprints is None and self.output.mode != "stdout":
+                self.note("an input is stdin, a pipe or a FIFO, read once: this run cannot resume if interrupted")
             options = self.source.options()
             self.report.total = self.source.total_rows(self.paths)
         fmt = self.output.fmt if self.output.mode != "dir" else "parquet-dir"

@@ -7,17 +7,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.errors import STDIN, InputError
+from embedcli.errors import InputError
+from embedcli.io.reader_base import kept_arrays
 from embedcli.io.readers import (
     InputBatch,
     detect_format,
     expand_paths,
-    input_fingerprint,
+    input_fingerprints,
     normalize_format,
     read_inputs,
+    rereadable,
 )
 
 
@@ -59,6 +60,7 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
         texts=[batch.texts[i] for i in il],
         columns={c: [v[i] for i in il] for c, v in batch.columns.items()},
         extra_texts={c: [v[i] for i in il] for c, v in batch.extra_texts.items()},
+        column_types=batch.column_types,  # the reader's types, or kept columns are re-guessed from the rows left
     )
 
 
@@ -69,12 +71,8 @@ def slice_batch(batch: Any, start: int, stop: int | None = None) -> Any:
 
 def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
     """The `--keep-cols` columns of a batch as Arrow arrays."""
-    out = {}
-    for name in names:
-        arr = pa.array(batch.columns[name])
-        # An all-null first batch would fix the column's type to null for the whole file.
-        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
-    return out
+    # typed by the reader: a Parquet input's own types, JSONL's first seen (mixed types are bad rows)
+    return kept_arrays(batch.columns, names, getattr(batch, "column_types", None))
 
 
 def empty_batch(keep_cols: Sequence[str]) -> InputBatch:
@@ -134,15 +132,13 @@ class BatchSource:
 
     def fingerprints(self, paths: Sequence[str]) -> list[dict[str, Any]] | None:
         """Fingerprints of every input (None when one is stdin: such a run cannot resume)."""
-        if STDIN in paths:
-            return None
-        return [input_fingerprint(p) for p in paths]
+        return input_fingerprints(paths)  # None for stdin, a pipe or a FIFO: never read to fingerprint it
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
         """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""
         total = 0
         for p in paths:
-            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+            if not rereadable(p) or detect_format(p, self.inputs.fmt) != "parquet":
                 return None
             try:
                 total += pq.ParquetFile(p).metadata.num_rows

@@ -26,7 +26,7 @@ from embedcli.io.manifest import (
     KEY_SKIPPED,
     Manifest,
     StagingLock,
-    output_error,
+    make_staging_dir,
     output_metadata,
     staging_dir,
 )
@@ -163,11 +163,7 @@ def run_staged(p: Pipeline) -> int:
     root = staging_dir(target.path)
     if target.mode == "dir":
         recover_dir(target.path, root)
-    created_root = not os.path.exists(root)
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as e:
-        raise output_error(target.path, e, resumable=False) from None
+    created_root = make_staging_dir(root, target.path)  # refuses a symlink planted at the staging path
     lock = StagingLock(root, target.path).acquire()
     created_manifest = False
     try:
