@@ -168,12 +168,9 @@ def forward_with_slice(
     pos = torch.cat(positions).to(device)
     prefix = PrefixSlice(state.cache, piece.length)
     with torch.inference_mode(), model.compute_context():
-        out = model.backbone(
-            input_ids=ids.to(device)[None], position_ids=pos[None], use_cache=False,
-            embedcli_pack=pack, embedcli_prefix=prefix,
-        )
+        hidden = model.forward_with_prefix(ids.to(device), pos, pack, prefix)
     state.cache.advance(piece.length)
-    return out.last_hidden_state[0]
+    return hidden
 
 
 def _subset(cursor: PoolingCursor, idx: torch.Tensor) -> PoolingCursor:

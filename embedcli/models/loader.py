@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
+from embedcli.models.layers import UnsupportedCheckpoint
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.precision import (
     ParityBar,
@@ -139,6 +142,10 @@ class ModelOptions:
     task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
     parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
     sparse_top_k: int | None = None  # SPLADE: keep each vector's k largest entries (default: the model's)
+    # `auto`: embedcli's own packed backbone where the model type has one (see models/backbones.py), else
+    # transformers' modules; `own` refuses a model without one; `transformers` forces the old path
+    # (tests, bisection). The EMBEDCLI_BACKBONE environment variable sets the default.
+    backbone: str = field(default_factory=lambda: os.environ.get("EMBEDCLI_BACKBONE", "auto"))
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
@@ -174,8 +181,10 @@ class LoadedModel:
         # of 0.99990 on long BBC articles (bf16 LayerNorm/residual rounding accumulates over layers).
         self.autocast = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.weight_dtype = torch.float32 if self.autocast else self.dtype
+        own = self._load_own_backbone()
+        self.own_backbone = own is not None
         self.tokenizer = self._load_tokenizer()
-        self.backbone, classifier = self._load_backbone()
+        self.backbone, classifier = own if own is not None else self._load_backbone()
         self.pooler_config = PoolerConfig(
             seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
             include_prompt=spec.include_prompt,
@@ -191,11 +200,40 @@ class LoadedModel:
             self._settle_auto_dtype()
 
     # -- loading -----------------------------------------------------------------------------------
+    def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
+        """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""
+        choice = self.options.backbone
+        if choice not in BACKBONE_CHOICES:
+            raise ModelConfigError(f"backbone {choice!r} (EMBEDCLI_BACKBONE): choose one of {', '.join(BACKBONE_CHOICES)}")
+        if choice == "transformers" or (choice == "auto" and not has_own_backbone(self.spec.model_type)):
+            return None
+        try:
+            model, classifier = load_own_backbone(self.spec, self.weight_dtype, self.device)
+        except UnsupportedCheckpoint as e:
+            if choice == "own":
+                raise ModelConfigError(f"{self.spec.path}: embedcli's own backbone cannot run this model: {e}") from e
+            return None
+        if self.options.quantize:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ModelConfigError("--quantize (int8 dynamic) runs on CPU with --dtype float32 only")
+            model = quantize_linear_int8(model)
+        return model, classifier
+
     def _load_tokenizer(self):  # type: ignore[no-untyped-def]
+        path = Path(self.spec.path)
+        # Decoders keep transformers' tokenizer: it rebuilds some of them (BOS/EOS templates, BPE classes)
+        # from tokenizer_config.json rather than taking tokenizer.json as it is.
+        if self.own_backbone and not self.spec.is_decoder and (path / "tokenizer.json").is_file():
+            from embedcli.models.tokenizer import load_tokenizer_json
+
+            try:
+                tokenizer, self.hf_tokenizer = load_tokenizer_json(path)
+            except Exception as e:
+                raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
+            return tokenizer
         from tokenizers import Tokenizer
         from transformers import AutoTokenizer
 
-        path = Path(self.spec.path)
         try:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
         except Exception as e:
@@ -366,12 +404,30 @@ class LoadedModel:
         with self.compute_context():
             return self._forward_packed(input_ids, lengths, token_type_ids)
 
+    def forward_with_prefix(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo | None, prefix: object
+    ) -> torch.Tensor:
+        """Decoders, chunked prefill: hidden states of whole sequences (`pack`) then one slice (`prefix`).
+
+        Runs inside the caller's inference mode and `compute_context`; `prefix` is a `kv_cache.PrefixSlice`.
+        """
+        if self.own_backbone:
+            return self.backbone(input_ids, positions, pack, None, prefix)
+        out = self.backbone(
+            input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
+            embedcli_pack=pack, embedcli_prefix=prefix,
+        )
+        return out.last_hidden_state[0]
+
     def _forward_packed(
         self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
         pack = PackInfo.build(lengths, self.device)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = self.position_ids(lengths).to(self.device, non_blocking=True)
+        if self.own_backbone:
+            types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)
+            return self.backbone(ids, positions, pack, types)
         if self.spec.model_type == "mpnet":
             return _mpnet_packed_forward(self.backbone, ids, positions, pack)
         kwargs: dict[str, object] = {"embedcli_pack": pack}
