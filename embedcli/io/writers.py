@@ -23,8 +23,10 @@ import pyarrow.parquet as pq
 from embedcli.io.errors import STDIN, OutputError
 
 __all__ = [
+    "LINES",
     "OUTPUT_FORMATS",
     "JsonlResultWriter",
+    "LinesResultWriter",
     "NpyResultWriter",
     "ParquetResultWriter",
     "ResultWriter",
@@ -40,6 +42,9 @@ __all__ = [
 
 OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "jsonl", "npy")
 """Output formats understood by `open_writer`."""
+LINES = "lines"
+"""A table of one string column written as is, one value per line (run-batch's response lines); a
+command asks for it by name (`fmt="lines"`), it is not chosen by extension nor offered by `--output-format`."""
 
 _OUT_EXTENSIONS = {
     ".parquet": "parquet",
@@ -439,7 +444,7 @@ class JsonlResultWriter(ResultWriter):
         assert self._tmp is not None and self.sidecar_path is not None
         _close_synced(self._f)
         meta = {
-            "format": "jsonl",
+            "format": self.format,
             "file": os.path.basename(self.path),
             "rows": self.rows_written,
             "metadata": self.metadata,
@@ -460,6 +465,23 @@ class JsonlResultWriter(ResultWriter):
         _unlink(self._tmp)
         if self.sidecar_path:
             _unlink(temp_path(self.sidecar_path))
+
+
+class LinesResultWriter(JsonlResultWriter):
+    """Each value of a table's one string column as one line, unchanged (already-serialized JSON lines)."""
+
+    format = LINES
+
+    def _write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if table.num_columns != 1 or not pa.types.is_string(table.schema.field(0).type):
+            raise ValueError(f"{self.path}: the lines format writes one string column, not {table.schema}")
+        data = "\n".join(table.column(0).to_pylist()) + "\n"
+        if self._f is None:
+            sys.stdout.write(data)
+        else:
+            self._f.write(data.encode("utf-8"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -606,6 +628,8 @@ def output_format(path: str, fmt: str | None = None) -> str:
     if fmt is not None:
         name = fmt.strip().lower().lstrip(".")
         name = _OUT_ALIASES.get(name, name)
+        if name == LINES:
+            return name
         if name not in OUTPUT_FORMATS:
             raise ValueError(f"unknown output format {fmt!r}; choose one of: {', '.join(OUTPUT_FORMATS)}")
         if path == STDIN and name != "jsonl":
@@ -630,6 +654,8 @@ def open_writer(
     if kind == "jsonl":
         check_output_path(path)
         return JsonlResultWriter(path, metadata)
+    if kind == LINES:
+        return LinesResultWriter(path, metadata)
     return NpyResultWriter(path, metadata, schema=schema)
 
 
