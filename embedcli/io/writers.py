@@ -476,7 +476,7 @@ class LinesResultWriter(JsonlResultWriter):
         if table.num_rows == 0:
             return
         if table.num_columns != 1 or not pa.types.is_string(table.schema.field(0).type):
-            raise ValueError(f"{self.path}: the lines format writes one string column, not {table.schema}")
+            raise OutputError(self.path, f"the lines format writes one string column, not {table.schema.names}")
         data = "\n".join(table.column(0).to_pylist()) + "\n"
         if self._f is None:
             sys.stdout.write(data)

@@ -229,3 +229,20 @@ def test_on_error_fail_stops_at_the_first_bad_line(cli, tiny_model, tmp_path):  
     result = cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--on-error", "fail", code=1)
     assert "line 2" in result.stderr and "malformed JSON" in result.stderr
     assert not out.exists()
+
+
+def test_help_example_runs_as_printed(cli, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    import re
+    import shlex
+    import subprocess
+
+    help_text = cli("run-batch", "--help").stdout
+    flat = " ".join(help_text.split())
+    echo = re.search(r"echo '(\{.*?\})' > requests\.jsonl", flat)
+    assert echo and "embedcli run-batch requests.jsonl -o results.jsonl" in flat
+    assert re.search(r"--on-error\b.*?\[default: skip\]", flat)
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(f"echo {shlex.quote(echo.group(1))} > requests.jsonl", shell=True, check=True)
+    cli("run-batch", "requests.jsonl", "-o", "results.jsonl", "-q")
+    (line,) = (tmp_path / "results.jsonl").read_text().splitlines()
+    check(json.loads(line), batch_output(EMBEDDING_RESPONSE))
