@@ -188,7 +188,6 @@ class Pipeline:
             if errors:
                 sink.add_errors([e.to_record() for e in errors])
                 report.bad_rows(errors)
-                self._check_max_errors(answered)
             report.records_done += work.records
             since_commit += work.records
             assert report.progress is not None
@@ -217,6 +216,7 @@ class Pipeline:
                 computed = computed.table
                 if answered and self.flags.on_error == "fail":
                     raise answered[0]
+                self._check_max_errors(answered, len(work.errors))  # before anything of this batch is written
         table, carried = self.carry.join(work, computed)
         self.report.carried_rows += carried
         self.report.computed_rows += len(work.compute_idx)
@@ -227,10 +227,12 @@ class Pipeline:
         self.report.seconds["write"] += time.perf_counter() - t0
         return answered
 
-    def _check_max_errors(self, answered: list[InputError]) -> None:
-        """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own)."""
+    def _check_max_errors(self, answered: list[InputError], read_errors: int) -> None:
+        """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);
+        `read_errors`: the reader's bad rows of this batch, not yet reported."""
         limit = self.flags.max_errors
-        if not answered or limit is None or self._errors_before + self.report.new_errors <= limit:
+        total = self._errors_before + self.report.new_errors + read_errors + len(answered)
+        if not answered or limit is None or total <= limit:
             return
         last = answered[-1]
         raise TooManyErrors(

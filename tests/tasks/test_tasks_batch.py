@@ -246,3 +246,31 @@ def test_help_example_runs_as_printed(cli, tmp_path, monkeypatch):  # type: igno
     cli("run-batch", "requests.jsonl", "-o", "results.jsonl", "-q")
     (line,) = (tmp_path / "results.jsonl").read_text().splitlines()
     check(json.loads(line), batch_output(EMBEDDING_RESPONSE))
+
+
+def test_token_ids_and_truncate_prompt_tokens_equal_embed(cli, tiny_model, tmp_path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    model = tiny_model("bert-st")
+    src = texts_file(tmp_path, TEXTS)
+    ref = tmp_path / "ref.parquet"
+    cli("embed", src, "-m", model, "--prompt", "", "-o", ref, "-q")
+    short = tmp_path / "short.parquet"
+    cli("embed", src, "-m", model, "--prompt", "", "--max-length", 6, "-o", short, "-q")
+    ids = [AutoTokenizer.from_pretrained(str(model))(t)["input_ids"] for t in TEXTS]
+    lines = [req("ids", "/v1/embeddings", {"input": ids}),
+             req("cut", "/v1/embeddings", {"input": TEXTS, "truncate_prompt_tokens": 6})]
+    out = bodies(run_batch(cli, tmp_path, model, lines), EMBEDDING_RESPONSE)
+    assert np.array_equal(np.float32([d["embedding"] for d in out[0]["data"]]), np.float32(column(ref, "embedding")))
+    assert np.array_equal(np.float32([d["embedding"] for d in out[1]["data"]]), np.float32(column(short, "embedding")))
+    assert out[1]["usage"]["prompt_tokens"] == sum(min(len(i), 6) for i in ids)  # tokens after truncation
+    assert out[0]["usage"]["prompt_tokens"] == sum(len(i) for i in ids)
+
+
+def test_max_errors_counts_answered_bad_lines(cli, tiny_model, tmp_path):  # type: ignore[no-untyped-def]
+    src = tmp_path / "requests.jsonl"
+    src.write_text("".join(x + "\n" for x in bad_file_lines()))
+    out = tmp_path / "out.jsonl"
+    result = cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--max-errors", 2, code=1)
+    assert "more than 2 bad rows" in result.stderr
+    cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--max-errors", 5, "-q", code=3)
