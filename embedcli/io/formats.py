@@ -6,10 +6,13 @@ import os
 
 from embedcli.io.errors import STDIN, OutputError, OutputFormatError
 
-__all__ = ["OUTPUT_FORMATS", "output_format"]
+__all__ = ["LINES", "OUTPUT_FORMATS", "output_format"]
 
 OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "jsonl", "npy")
 """Output formats understood by `open_writer`."""
+LINES = "lines"
+"""A table of one string column written as is, one value per line (run-batch's response lines); a
+command asks for it by name (`fmt="lines"`), it is not chosen by extension nor offered by `--output-format`."""
 
 _OUT_EXTENSIONS = {
     ".parquet": "parquet",
@@ -31,6 +34,8 @@ def output_format(path: str, fmt: str | None = None, *, reading: bool = False) -
     if fmt is not None:
         name = fmt.strip().lower().lstrip(".")
         name = _OUT_ALIASES.get(name, name)
+        if name == LINES:
+            return name
         if name not in OUTPUT_FORMATS:
             raise ValueError(f"unknown output format {fmt!r}; choose one of: {', '.join(OUTPUT_FORMATS)}")
         if path == STDIN and name != "jsonl":

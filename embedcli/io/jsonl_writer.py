@@ -24,7 +24,8 @@ from embedcli.io.commit import (
     stage_sidecar,
     unlink_quiet,
 )
-from embedcli.io.errors import STDIN
+from embedcli.io.errors import STDIN, OutputError
+from embedcli.io.formats import LINES
 from embedcli.io.sidecar import HashingFile, data_identity
 from embedcli.io.writer_base import ResultWriter
 
@@ -141,7 +142,7 @@ class JsonlResultWriter(ResultWriter):
         assert self._tmp is not None and self.sidecar_path is not None
         close_synced(self._f.file)
         meta = {
-            "format": "jsonl",
+            "format": self.format,
             "file": os.path.basename(self.path),
             "rows": self.rows_written,
             "metadata": self.metadata,
@@ -165,3 +166,20 @@ class JsonlResultWriter(ResultWriter):
         unlink_quiet(self._tmp)
         unlink_quiet(self._meta_tmp)
 
+
+
+class LinesResultWriter(JsonlResultWriter):
+    """Each value of a table's one string column as one line, unchanged (already-serialized JSON lines)."""
+
+    format = LINES
+
+    def _write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if table.num_columns != 1 or not pa.types.is_string(table.schema.field(0).type):
+            raise OutputError(self.path, f"the lines format writes one string column, not {table.schema.names}")
+        data = "\n".join(table.column(0).to_pylist()) + "\n"
+        if self._f is None:
+            sys.stdout.write(data)
+        else:
+            self._f.write(data.encode("utf-8"))

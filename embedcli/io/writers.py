@@ -19,15 +19,17 @@ from embedcli.io.commit import (
     unlink_quiet,
 )
 from embedcli.io.errors import STDIN, OutputError
-from embedcli.io.formats import OUTPUT_FORMATS, output_format
-from embedcli.io.jsonl_writer import JsonlResultWriter, table_to_json_lines
+from embedcli.io.formats import LINES, OUTPUT_FORMATS, output_format
+from embedcli.io.jsonl_writer import JsonlResultWriter, LinesResultWriter, table_to_json_lines
 from embedcli.io.npy_writer import NpyResultWriter
 from embedcli.io.vectors import embedding_array, embedding_matrix, embedding_type
 from embedcli.io.writer_base import ResultWriter
 
 __all__ = [
+    "LINES",
     "OUTPUT_FORMATS",
     "JsonlResultWriter",
+    "LinesResultWriter",
     "NpyResultWriter",
     "ParquetResultWriter",
     "ResultWriter",
@@ -141,6 +143,8 @@ def open_writer(
     if kind == "jsonl":
         check_output_path(path)
         return JsonlResultWriter(path, metadata)
+    if kind == LINES:
+        return LinesResultWriter(path, metadata)
     return NpyResultWriter(path, metadata, schema=schema)
 
 

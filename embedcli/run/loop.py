@@ -28,11 +28,19 @@ from typing import Any
 
 import pyarrow as pa
 
-from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, InputError, OutputError
+from embedcli.errors import (
+    EXIT_FATAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SKIPPED,
+    InputError,
+    OutputError,
+    TooManyErrors,
+)
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
-from embedcli.run.job import Job
+from embedcli.run.job import Job, Rows
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag
 from embedcli.run.sinks import StdoutSink
@@ -157,7 +165,7 @@ class Pipeline:
     def _loop(self, sink: Any, skip: int) -> None:
         report, engine, codec = self.report, self.job.engine, self.job.codec
         report.resumed_records = report.records_done = skip
-        errors_before = self.manifest.errors if self.manifest is not None else 0
+        errors_before = self._errors_before = self.manifest.errors if self.manifest is not None else 0
         progress = report.start_progress(skip, self.flags.log_every)
         held: deque[Work] = deque()
 
@@ -195,11 +203,13 @@ class Pipeline:
         since_commit = 0
         for result in results:
             work = held.popleft()
+            answered: list[InputError] = []
             if work.batch is not None and len(work.batch):
-                self._write(sink, work, result)
-            if work.errors:
-                sink.add_errors([e.to_record() for e in work.errors])
-                report.bad_rows(work.errors)
+                answered = self._write(sink, work, result)
+            errors = [*work.errors, *answered]
+            if errors:
+                sink.add_errors([e.to_record() for e in errors])
+                report.bad_rows(errors)
             report.records_done += work.records
             since_commit += work.records
             assert report.progress is not None
@@ -217,10 +227,18 @@ class Pipeline:
                 last_commit, since_commit = now, 0
         self._commit(sink)
 
-    def _write(self, sink: Any, work: Work, result: Any) -> None:
+    def _write(self, sink: Any, work: Work, result: Any) -> list[InputError]:
+        """Write a work item's rows; returns the rows the codec answered as bad (see `Rows`)."""
         computed = None
+        answered: list[InputError] = []
         if len(work.compute_idx) or not len(work.carry_idx):
             computed = self.job.codec.table(work.compute, result)
+            if isinstance(computed, Rows):
+                answered = list(computed.errors)
+                computed = computed.table
+                if answered and self.flags.on_error == "fail":
+                    raise answered[0]
+                self._check_max_errors(answered, len(work.errors))  # before anything of this batch is written
         table, carried = self.carry.join(work, computed)
         self.report.carried_rows += carried
         self.report.computed_rows += len(work.compute_idx)
@@ -229,6 +247,21 @@ class Pipeline:
         sink.write(table, work.keys if table.num_rows == len(work.batch) else None)
         self._in_write = False
         self.report.seconds["write"] += time.perf_counter() - t0
+        return answered
+
+    def _check_max_errors(self, answered: list[InputError], read_errors: int) -> None:
+        """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);
+        `read_errors`: the reader's bad rows of this batch, not yet reported."""
+        limit = self.flags.max_errors
+        total = self._errors_before + self.report.new_errors + read_errors + len(answered)
+        if not answered or limit is None or total <= limit:
+            return
+        last = answered[-1]
+        raise TooManyErrors(
+            last.path, f"more than {limit} bad rows (--max-errors {limit}); the last: {last.reason}",
+            location=last.location, record_id=last.record_id,
+            fix="fix the input, or raise --max-errors; the rows committed so far are kept",
+        )
 
     def _commit(self, sink: Any) -> None:
         t0 = time.perf_counter()

@@ -17,6 +17,7 @@ from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.engines.ray_engine import ray_runner
 from embedcli.errors import UsageError, display_path
+from embedcli.io.writers import LINES
 from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import ModelSpec, load_model_spec
@@ -176,6 +177,8 @@ def make_job(
     source: Iterable[Any], runner: Runner, codec: RowCodec, meta: dict[str, str], output: OutputOptions, flags: RunFlags
 ) -> Job:
     """The `Job` of a compute command."""
+    if output.fmt is not None and output.fmt.strip().lower() == LINES:
+        raise UsageError(f"--output-format {output.fmt}: run-batch's response lines; choose parquet, jsonl or npy")
     return Job(
         source=source,
         engine=engine_for(runner, flags),
