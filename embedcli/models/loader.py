@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from embedcli.models.options import ModelOptions
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.precision import (
-    ParityBar,
     cpu_has_native_bf16,
     decide_auto_dtype,
     device_kind,
@@ -117,24 +116,6 @@ def _sequence_classifier(model: nn.Module, model_type: str, is_decoder: bool) ->
     if model_type in ("roberta", "xlm-roberta", "camembert", "mpnet", "electra"):
         return _FirstTokenHead(model.classifier)
     raise ModelConfigError(f"Sequence classification is not supported for model_type {model_type!r}")
-
-
-@dataclass
-class ModelOptions:
-    """User choices that change how a model is loaded or pooled."""
-
-    device: str = "auto"
-    dtype: str = "auto"
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    activation: str | None = None  # classify: override the config's activation
-    logit_mean: float | None = None
-    logit_sigma: float | None = None
-    step_tag_id: int | None = None
-    returned_token_ids: tuple[int, ...] | None = None
-    quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
-    task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
-    parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:

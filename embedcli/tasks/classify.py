@@ -22,6 +22,7 @@ from embedcli.tasks.common import (
     activation,
     build,
     calibration,
+    engine_for,
     load_spec,
     located,
     make_job,
@@ -105,4 +106,4 @@ def run_classify(
         {"activation": opts.activation, "logit_mean": mean, "logit_sigma": sigma, "labels": list(spec.id2label),
          "top_k": opts.top_k, "all_scores": opts.all_scores},
     )
-    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))
