@@ -99,6 +99,23 @@ def test_config_mismatch_is_refused_without_importing_torch(made: dict[str, Path
     assert out.read_bytes() == before
 
 
+def test_staged_work_of_another_config_is_refused_without_importing_torch(made: dict[str, Path], tmp_path: Path) -> None:
+    from embedcli.cli import app
+
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text(made["corpus"].read_text() + "not json\n")  # the run stops here, its shards committed
+    out = tmp_path / "out.parquet"
+    args = ["embed", str(corpus), "-m", str(made["model"]), "-o", str(out), "--dtype", "float32", "--shard-rows", "2"]
+    assert CliRunner().invoke(app, [*args, "-q"]).exit_code != 0
+    manifest = Path(f"{out}.embedcli-staging") / "_embedcli" / "manifest.json"
+    staged = manifest.read_bytes()
+    result = fresh(made["cache"], *args, "--no-normalize")
+    assert result.returncode == 2, result.stderr
+    assert "holds the work of an interrupted run with a different config" in result.stderr
+    assert not imported_torch(result)
+    assert manifest.read_bytes() == staged
+
+
 def test_commands_without_a_model_do_not_import_torch(made: dict[str, Path], tmp_path: Path) -> None:
     commands = [
         ["--help"],

@@ -9,7 +9,7 @@ from embedcli.compute.options import RunStats
 
 
 class LazyEngine:
-    """Stands in for the engine `build()` makes (the model loads then), until the loop first maps a batch.
+    """Stands in for the engine `build()` makes (the model loads then) until the run loop `start`s it.
 
     Before that it reports no work done: a rerun that finds its output complete never builds it.
     """
@@ -30,8 +30,12 @@ class LazyEngine:
         """The engine's token limit per sequence."""
         return self._engine.max_length if self._engine is not None else self._max_length
 
-    def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]:
-        """Build the engine (once), then map `batches` through it."""
+    def start(self) -> None:
+        """Build the engine (the model loads), once; the run loop calls it when the output needs work."""
         if self._engine is None:
             self._engine = self._build()
+
+    def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]:
+        """Map `batches` through the engine (built first if `start` was not called)."""
+        self.start()
         return self._engine.map(batches)

@@ -94,13 +94,14 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     """The manifest to continue (staged work of this same job) or a fresh one; and whether it is fresh."""
     overwrite = p.flags.overwrite
     manifest = Manifest.load(root)
+    if manifest is not None and manifest.config_key != p.cfg_key and not overwrite:
+        raise UsageError(
+            f"{root} holds the work of an interrupted run with a different config "
+            f"({describe_config_change(manifest.metadata or manifest.config, p.base_meta)}); "
+            "rerun that command to finish it, or pass --overwrite to discard it"
+        )
+    p.start_engine()  # only now that there is work, and before a manifest of it is staged
     if manifest is not None:
-        if manifest.config_key != p.cfg_key and not overwrite:
-            raise UsageError(
-                f"{root} holds the work of an interrupted run with a different config "
-                f"({describe_config_change(manifest.metadata or manifest.config, p.base_meta)}); "
-                "rerun that command to finish it, or pass --overwrite to discard it"
-            )
         if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
             if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
                 p.note("the inputs changed since the interrupted run: starting over")
