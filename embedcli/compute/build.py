@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from embedcli.compute.choice import embed_prompt, require_task
-from embedcli.compute.runner import Runner, RunnerOptions
-from embedcli.models.loader import LoadedModel, ModelOptions
+from embedcli.compute.options import RunnerOptions
+from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from embedcli.compute.runner import Runner
+    from embedcli.models.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,12 @@ class RunnerRecipe:
 
 def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runner:
     """The runner of `recipe` (loading its model unless `model` is that model already loaded)."""
+    # torch loads here, not at import: a task plans its run (and may find nothing to do) without it.
+    import torch
+
+    from embedcli.compute.runner import Runner
+    from embedcli.models.loader import LoadedModel
+
     if recipe.threads:
         torch.set_num_threads(recipe.threads)
     if model is None:

@@ -8,12 +8,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from embedcli.compute.options import RunnerOptions, RunStats
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
@@ -21,33 +22,12 @@ from embedcli.models.loader import LoadedModel
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 from embedcli.pooling.poolers import pool_empty
 
-LongInputs = Literal["truncate", "error", "chunk"]
 TextInput = str | tuple[str, str]
 
 # Token budget of one packed forward by device: on CPU a few thousand tokens keep the working set
 # in cache (16k is 15-20% slower); a GPU wants larger forwards to fill its cores (on an H200,
 # all-MiniLM-L6-v2 in bf16 ran 2.5x faster at 64k tokens than at 16k).
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 65536}
-
-
-@dataclass
-class RunnerOptions:
-    """How texts become packed forwards and what each sequence asks the pooler for."""
-
-    task: str = "embed"
-    max_batch_tokens: int | None = None
-    max_length: int | None = None
-    long_inputs: LongInputs = "truncate"
-    truncation_side: Literal["right", "left"] = "right"
-    # Whitespace is kept, as sentence-transformers >= 5.4, vLLM and TEI do; `--strip` opts in to the old rule.
-    strip: bool = False
-    prompt: str = ""
-    normalize: bool | None = None
-    dimensions: int | None = None
-    # Decoders: a sequence over max_batch_tokens runs in slices with a KV cache (embedcli.compute.prefill).
-    chunked_prefill: bool = True
-    # Token tasks: results carry each row's token ids too (`TokenRows`), for dropping special tokens.
-    with_token_ids: bool = False
 
 
 @dataclass
@@ -61,33 +41,6 @@ class TokenRows:
     def concat(cls, parts: Sequence[TokenRows]) -> TokenRows:
         """The rows of several batches' results, in order."""
         return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values])
-
-
-@dataclass
-class RunStats:
-    """Counters and per-phase seconds of a run."""
-
-    rows: int = 0
-    tokens: int = 0
-    forwards: int = 0
-    truncated_rows: int = 0
-    chunked_rows: int = 0
-    sliced_rows: int = 0  # over the token budget on a decoder: chunked prefill in slices
-    solo_rows: int = 0  # over the token budget on an encoder (or slicing off): a forward of its own
-    seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "compute": 0.0})
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return {
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "forwards": self.forwards,
-            "truncated_rows": self.truncated_rows,
-            "chunked_rows": self.chunked_rows,
-            "sliced_rows": self.sliced_rows,
-            "solo_rows": self.solo_rows,
-            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
-        }
 
 
 @dataclass

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,9 +11,9 @@ from torch import nn
 
 from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
 from embedcli.models.layers import UnsupportedCheckpoint
+from embedcli.models.options import ModelOptions
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.precision import (
-    ParityBar,
     cpu_has_native_bf16,
     decide_auto_dtype,
     device_kind,
@@ -123,29 +121,6 @@ def _sequence_classifier(model: nn.Module, model_type: str, is_decoder: bool) ->
     if model_type in ("roberta", "xlm-roberta", "camembert", "mpnet", "electra"):
         return _FirstTokenHead(model.classifier)
     raise ModelConfigError(f"Sequence classification is not supported for model_type {model_type!r}")
-
-
-@dataclass
-class ModelOptions:
-    """User choices that change how a model is loaded or pooled."""
-
-    device: str = "auto"
-    dtype: str = "auto"
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    activation: str | None = None  # classify: override the config's activation
-    logit_mean: float | None = None
-    logit_sigma: float | None = None
-    step_tag_id: int | None = None
-    returned_token_ids: tuple[int, ...] | None = None
-    quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
-    task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
-    parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
-    sparse_top_k: int | None = None  # SPLADE: keep each vector's k largest entries (default: the model's)
-    # `auto`: embedcli's own packed backbone where the model type has one (see models/backbones.py), else
-    # transformers' modules; `own` refuses a model without one; `transformers` forces the old path
-    # (tests, bisection). The EMBEDCLI_BACKBONE environment variable sets the default.
-    backbone: str = field(default_factory=lambda: os.environ.get("EMBEDCLI_BACKBONE", "auto"))
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:

@@ -23,6 +23,7 @@ from embedcli.version import __version__
 
 if TYPE_CHECKING:
     from embedcli.models.loader import LoadedModel
+    from embedcli.models.options import ModelOptions
     from embedcli.models.spec import ModelSpec
 
 # The probe's texts are cut here (and at the model's own max length): long enough to show accumulation over
@@ -38,6 +39,7 @@ _HEAD_TASK = {
     "lm_score": "classify",
     "sparse": "sparse_embed",
 }
+_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # `embedcli.models.loader.DTYPES`' keys
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,40 @@ def device_kind(device: Any) -> str:
 
         return "cuda:" + torch.cuda.get_device_name(device)
     return cpu_device_kind() if device.type == "cpu" else str(device.type)
+
+
+def _no_accelerator() -> bool:
+    """Whether `--device auto` surely means the CPU, decided without torch: no GPU device node on Linux, or macOS."""
+    import os
+    import sys
+
+    if sys.platform == "darwin":
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    # CUDA (nvidia), ROCm (kfd) and WSL's GPU (dxg): any of them may make torch.cuda available.
+    return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg"))
+
+
+def planned_dtype(spec: ModelSpec, options: ModelOptions) -> tuple[str, str] | None:
+    """(dtype, reason) that `LoadedModel(spec, options)` will settle on, decided without torch or weights;
+    None when only loading can tell (a GPU may be there, or `auto` has no cached parity decision yet).
+
+    Mirrors `LoadedModel.__init__`; the task that builds the model checks its provenance against this plan.
+    """
+    if options.dtype != "auto":
+        return (options.dtype, f"--dtype {options.dtype}") if options.dtype in _DTYPE_NAMES else None
+    if options.quantize:
+        return "float32", "auto: float32 under --quantize (int8 dynamic quantization runs on float32 weights)"
+    if options.device not in ("auto", "cpu") or (options.device == "auto" and not _no_accelerator()):
+        return None
+    if not cpu_has_native_bf16():
+        return "float32", "auto: float32 on this device (no native bf16 matmul)"
+    if not spec.content_hash:
+        return None
+    task = options.task or task_for_head(spec.head)
+    decision = load_decision(decision_path(spec, task, cpu_device_kind()), options.parity_bar or ParityBar())
+    return None if decision is None else (decision.dtype, decision.reason)
 
 
 def task_for_head(head: str) -> str:

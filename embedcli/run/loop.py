@@ -132,6 +132,12 @@ class Pipeline:
                 table = table.append_column(name, column)
         return table
 
+    def start_engine(self) -> None:
+        """Load the engine's model now if it defers that (`start`): the output's state says there is work."""
+        start = getattr(self.job.engine, "start", None)
+        if start is not None:
+            start()
+
     def open_previous(self, in_place: str | None, existing: dict[str, str] | None) -> None:
         """Set up `--incremental`'s carry-over from the previous output (if any)."""
         previous = open_previous(self.flags, in_place, existing, self.meta, self.base_meta, self.note)
@@ -139,6 +145,7 @@ class Pipeline:
 
     # -- stdout --------------------------------------------------------------------------------------
     def _run_stdout(self) -> int:
+        self.start_engine()
         sink = StdoutSink(self.output.fmt, self.base_meta)
         self.open_previous(None, None)
         try:

@@ -119,9 +119,10 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     """The manifest to continue (staged work of this same job) or a fresh one; and whether it is fresh."""
     overwrite = p.flags.overwrite
     manifest = Manifest.load(root)
+    if manifest is not None and not overwrite:
+        _refuse_other_config(root, manifest, p.cfg_key, p.base_meta)
+    p.start_engine()  # only now that there is work, and before a manifest of it is staged
     if manifest is not None:
-        if not overwrite:
-            _refuse_other_config(root, manifest, p.cfg_key, p.base_meta)
         if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
             if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
                 p.note("the inputs changed since the interrupted run: starting over")

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from embedcli.compute.build import RunnerRecipe
 from embedcli.compute.choice import require_task
-from embedcli.compute.runner import RunnerOptions
+from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.run.execute import run_job
@@ -20,12 +21,11 @@ from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
     activation,
-    build,
     calibration,
     load_spec,
     located,
     make_job,
-    provenance,
+    planned_engine,
 )
 
 
@@ -90,18 +90,19 @@ def run_classify(
     if not 1 <= opts.top_k <= spec.num_labels:
         raise UsageError(f"--top-k {opts.top_k}: the model has {spec.num_labels} labels")
     mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
-    runner = build(
-        spec, choice,
+    recipe = RunnerRecipe(
+        spec,
+        choice.options(activation=activation(opts.activation), logit_mean=mean, logit_sigma=sigma),
         RunnerOptions(
             task="classify", max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]
             truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]
         ),
-        activation=activation(opts.activation), logit_mean=mean, logit_sigma=sigma,
     )
     codec = ClassifyCodec(np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols))
-    meta = provenance(
-        runner.model, runner,
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(
+        recipe, flags,
         {"activation": opts.activation, "logit_mean": mean, "logit_sigma": sigma, "labels": list(spec.id2label),
          "top_k": opts.top_k, "all_scores": opts.all_scores},
     )
-    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))

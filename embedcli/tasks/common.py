@@ -11,19 +11,24 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedcli.compute.build import RunnerRecipe, build_runner
-from embedcli.compute.runner import Runner, RunnerOptions
-from embedcli.engines.ray_engine import ray_runner
+from embedcli.compute.lazy import LazyEngine
+from embedcli.compute.options import RunnerOptions
+from embedcli.compute.plan import RunnerPlan, plan_runner
 from embedcli.errors import UsageError, display_path
 from embedcli.io.writers import LINES
 from embedcli.models.llm_reranker import RerankerFlags
-from embedcli.models.loader import LoadedModel, ModelOptions
+from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Engine, Job, Reporting, RowCodec, Target
 from embedcli.version import __version__
+
+if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
+    from embedcli.compute.runner import Runner
+    from embedcli.models.loader import LoadedModel
 
 ACTIVATIONS: tuple[str, ...] = ("auto", "softmax", "sigmoid", "none")
 
@@ -114,20 +119,26 @@ def calibration(spec: ModelSpec, logit_mean: float | None = None, logit_sigma: f
 
 def provenance(model: LoadedModel, runner: Runner, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """Key-value metadata every output carries: model, its content hash, resolved config and its hash."""
-    spec = model.spec
+    return planned_provenance(model.spec, RunnerPlan.of(runner), runner.options, extra)
+
+
+def planned_provenance(
+    spec: ModelSpec, plan: RunnerPlan, options: RunnerOptions, extra: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """`provenance` of the runner that `plan` describes, before it is built."""
     resolved = {
-        "task": runner.params.task,
+        "task": plan.task,
         "pooling": spec.seq_pooling_type,
-        "normalize": bool(runner.params.use_activation),
-        "dimensions": runner.params.dimensions,
+        "normalize": plan.normalize,
+        "dimensions": plan.dimensions,
         "projector": [asdict(d) for d in spec.projector],
-        "max_length": runner.max_length,
-        "long_inputs": runner.options.long_inputs,
-        "truncation_side": runner.options.truncation_side,
-        "strip": runner.options.strip,
-        "prompt": runner.options.prompt,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "quantize": bool(model.options.quantize),
+        "max_length": plan.max_length,
+        "long_inputs": options.long_inputs,
+        "truncation_side": options.truncation_side,
+        "strip": options.strip,
+        "prompt": options.prompt,
+        "dtype": plan.dtype,
+        "quantize": plan.quantize,
         "model_config_hash": spec.config_hash(),
         **(extra or {}),
     }
@@ -140,8 +151,34 @@ def provenance(model: LoadedModel, runner: Runner, extra: dict[str, Any] | None 
         "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
         "embedcli.dtype": resolved["dtype"],
         # Outside the config hash: how `auto` was resolved does not change what a resumed run must match.
-        "embedcli.dtype_reason": getattr(model, "dtype_reason", ""),
+        "embedcli.dtype_reason": plan.dtype_reason,
     }
+
+
+def planned_engine(
+    recipe: RunnerRecipe, flags: RunFlags, extra: dict[str, Any] | None = None
+) -> tuple[Engine, dict[str, str], RunnerPlan]:
+    """The engine of `recipe`, the provenance its outputs carry, and what its runner resolves to.
+
+    When the plan is decidable without the model (`embedcli.compute.plan`), the engine is built on first use
+    (`LazyEngine`): a rerun whose output is complete or made otherwise ends before torch is imported. Else
+    (an `auto` dtype not probed yet on this machine, or a GPU that may be there) the model loads now.
+    """
+    plan = plan_runner(recipe)
+    if plan is None:
+        runner = build_runner(recipe)
+        return engine_for(runner, flags), provenance(runner.model, runner, extra), RunnerPlan.of(runner)
+    meta = planned_provenance(recipe.model_spec, plan, recipe.runner_options, extra)
+
+    def build() -> Engine:
+        runner = build_runner(recipe)
+        built = provenance(runner.model, runner, extra)
+        if built != meta:  # the output was checked against the plan: a difference is a bug in the plan
+            changed = sorted(k for k in meta if built.get(k) != meta[k])
+            raise RuntimeError(f"embedcli: internal error: the loaded model differs from its plan in {changed}")
+        return engine_for(runner, flags)
+
+    return LazyEngine(build, plan.max_length), meta, plan
 
 
 class RowInputs(list):  # type: ignore[type-arg]
@@ -167,6 +204,8 @@ def located(batch: Any) -> RowInputs:
 def engine_for(runner: Runner, flags: RunFlags) -> Engine:
     """The local runner, or (`--engine ray`) the same runner inside a pool of Ray actors."""
     if flags.engine == "ray":
+        from embedcli.engines.ray_engine import ray_runner
+
         return ray_runner(
             runner, address=flags.ray_address, workers=flags.workers, gpus_per_worker=flags.gpus_per_worker
         )
@@ -174,14 +213,19 @@ def engine_for(runner: Runner, flags: RunFlags) -> Engine:
 
 
 def make_job(
-    source: Iterable[Any], runner: Runner, codec: RowCodec, meta: dict[str, str], output: OutputOptions, flags: RunFlags
+    source: Iterable[Any],
+    engine: Engine,
+    codec: RowCodec,
+    meta: dict[str, str],
+    output: OutputOptions,
+    flags: RunFlags,
 ) -> Job:
-    """The `Job` of a compute command."""
+    """The `Job` of a compute command (`engine`: `engine_for` a built runner, or `planned_engine`'s)."""
     if output.fmt is not None and output.fmt.strip().lower() == LINES:
         raise UsageError(f"--output-format {output.fmt}: run-batch's response lines; choose parquet, jsonl or npy")
     return Job(
         source=source,
-        engine=engine_for(runner, flags),
+        engine=engine,
         codec=codec,
         provenance=meta,
         target=Target(output.path, output.fmt),

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.compute.build import build_runner, embed_recipe
+from embedcli.compute.build import embed_recipe
 from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
 from embedcli.io.manifest import (
     KEY_COMPLETE,
@@ -35,7 +35,7 @@ from embedcli.run.job import Job, Target
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
 from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
-from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, provenance
+from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
 
 SPOOL_SUFFIX = ".embedcli-float32.parquet"
 
@@ -110,11 +110,11 @@ def run_embed(
         long_inputs=embed.long_inputs, truncation_side=embed.truncation_side,
     )
     quant = make_quantizer(embed.precision, embed.calibration)
-    runner = build_runner(recipe)
-    width = runner.params.dimensions or spec.embedding_size
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, plan = planned_engine(recipe, flags, quant.config())
+    width = plan.dimensions or spec.embedding_size
     codec = EmbedCodec(width, tuple(inputs.keep_cols))
-    meta = provenance(runner.model, runner, quant.config())
-    job = make_job(BatchSource(inputs), runner, codec, meta, output, flags)
+    job = make_job(BatchSource(inputs), engine, codec, meta, output, flags)
     if quant.precision == "float32":
         return run_job(job)
     if quant.ranges is not None and quant.ranges.shape[1] != width:

@@ -39,6 +39,7 @@ from embedcli.tasks.common import (
     RowInputs,
     build,
     calibration,
+    engine_for,
     load_spec,
     make_job,
     provenance,
@@ -199,7 +200,7 @@ def run_score(
     meta = provenance(model, runner, {"method": scorer.method, "raw_scores": opts.raw_scores, "left": opts.left,
                                       "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt,
                                       "logit_mean": model.options.logit_mean, "logit_sigma": model.options.logit_sigma})
-    return run_job(make_job(source, runner, codec, meta, output, flags))
+    return run_job(make_job(source, engine_for(runner, flags), codec, meta, output, flags))
 
 
 # -- rerank --------------------------------------------------------------------------------------------

@@ -27,7 +27,16 @@ from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
 from embedcli.run.target import check_target
 from embedcli.scoring import SparseVector
-from embedcli.tasks.common import ModelChoice, OutputOptions, build, load_spec, located, make_job, provenance
+from embedcli.tasks.common import (
+    ModelChoice,
+    OutputOptions,
+    build,
+    engine_for,
+    load_spec,
+    located,
+    make_job,
+    provenance,
+)
 from embedcli.tasks.tokens import list_column
 
 
@@ -122,4 +131,4 @@ def run_sparse_embed(
         {"sparse_pooling": spec.sparse_pooling, "sparse_activation": spec.sparse_activation,
          "sparse_top_k": top_k, "with_tokens": opts.with_tokens, "vocab_size": spec.embedding_size},
     )
-    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))

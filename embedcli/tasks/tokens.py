@@ -25,6 +25,7 @@ from embedcli.tasks.common import (
     activation,
     build,
     calibration,
+    engine_for,
     load_spec,
     located,
     make_job,
@@ -226,7 +227,7 @@ def run_token_embed(
     codec = TokenEmbedCodec(opts, special_ids(model), width, tuple(inputs.keep_cols))
     meta = provenance(model, runner, {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
                                       "returned_token_ids": opts.returned_token_ids})
-    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))
 
 
 def run_token_classify(
@@ -248,4 +249,4 @@ def run_token_classify(
                                       "keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
                                       "returned_token_ids": opts.returned_token_ids, "all_scores": opts.all_scores,
                                       "logit_mean": model.options.logit_mean, "logit_sigma": model.options.logit_sigma})
-    return run_job(make_job(BatchSource(inputs), runner, codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))

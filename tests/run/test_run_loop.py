@@ -180,3 +180,36 @@ def test_incremental_computes_new_and_changed_rows_and_carries_the_rest(tmp_path
     assert engine.seen == ["a changed text", "a new row"]
     assert rows_of(out) == {i: fake_vector(t) for i, t in changed}
     assert list(rows_of(out)) == [i for i, _ in changed]  # input order, carried rows in place
+
+
+@dataclass
+class DeferredEngine(FakeEngine):
+    """A FakeEngine that, like `embedcli.compute.lazy.LazyEngine`, has a `start` (its model would load there)."""
+
+    starts: list[bool] = field(default_factory=list)  # per start: whether a manifest was staged already
+    out: Path | None = None
+
+    def start(self) -> None:
+        assert self.out is not None
+        self.starts.append(Manifest.load(staging_dir(str(self.out))) is not None)
+
+
+@pytest.mark.parametrize("stdout", [False, True])
+def test_a_deferred_engine_starts_only_when_there_is_work_and_before_a_manifest_is_staged(
+    tmp_path: Path, stdout: bool, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    src = write_rows(tmp_path / "in.jsonl", ROWS)
+    out = tmp_path / "out.parquet"
+    first = DeferredEngine(out=out)
+    job = make_job(src, out, first)
+    assert run_job(replace(job, target=Target("-", "jsonl")) if stdout else job) == 0
+    assert first.starts == [False]
+    if stdout:
+        return
+    done = DeferredEngine(out=out)
+    assert run_job(make_job(src, out, done)) == 0 and done.starts == [] and done.seen == []  # complete
+    refused = DeferredEngine(out=out)
+    other = replace(make_job(src, out, refused), provenance={**META, "embedcli.config_hash": "c2"})
+    with pytest.raises(UsageError, match="different config"):
+        run_job(other)
+    assert refused.starts == []

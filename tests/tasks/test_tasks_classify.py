@@ -115,3 +115,21 @@ def test_real_bbc_topic_classifier_reaches_085_held_out(cli, bbc_classifier, bbc
     accuracy = float(np.mean(np.array(table.column("label").to_pylist()) == np.array(table.column("topic").to_pylist())))
     print(f"BBC held-out accuracy through embedcli classify: {accuracy:.3f} on {len(test)} articles")
     assert accuracy >= 0.85, accuracy
+
+
+@pytest.mark.parametrize(("name", "flags"), [("multi-class", ("--activation", "sigmoid")), ("calibrated", ())])
+def test_rerun_of_a_complete_classify_output_imports_no_torch(cli, task_models, tmp_path, name, flags):  # type: ignore[no-untyped-def]
+    from tests.test_start_lazily import fresh, imported_torch
+
+    _classify(cli, task_models(name), tmp_path, *flags)
+    out = tmp_path / "out.parquet"
+    before = out.read_bytes()
+    args = ["classify", tmp_path / "in.jsonl", "-m", task_models(name), "--max-length", 256, "--all-scores",
+            "-o", out, "--dtype", "float32", *flags]
+    done = fresh(tmp_path / "cache", *args)
+    assert done.returncode == 0 and "nothing to do" in done.stderr, done.stderr
+    assert not imported_torch(done)
+    refused = fresh(tmp_path / "cache", *args, "--top-k", 2)  # another config: refused, still without torch
+    assert refused.returncode == 2 and "different config" in refused.stderr, refused.stderr
+    assert not imported_torch(refused)
+    assert out.read_bytes() == before

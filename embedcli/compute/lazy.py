@@ -1,0 +1,41 @@
+"""An engine built on first use: the run loop decides from the output's state whether there is work at all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from embedcli.compute.options import RunStats
+
+
+class LazyEngine:
+    """Stands in for the engine `build()` makes (the model loads then) until the run loop `start`s it.
+
+    Before that it reports no work done: a rerun that finds its output complete never builds it.
+    """
+
+    def __init__(self, build: Callable[[], Any], max_length: int) -> None:
+        self._build = build
+        self._engine: Any = None
+        self._idle_stats = RunStats()
+        self._max_length = max_length
+
+    @property
+    def stats(self) -> Any:
+        """The engine's counters; zero before it is built."""
+        return self._engine.stats if self._engine is not None else self._idle_stats
+
+    @property
+    def max_length(self) -> int:
+        """The engine's token limit per sequence."""
+        return self._engine.max_length if self._engine is not None else self._max_length
+
+    def start(self) -> None:
+        """Build the engine (the model loads), once; the run loop calls it when the output needs work."""
+        if self._engine is None:
+            self._engine = self._build()
+
+    def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]:
+        """Map `batches` through the engine (built first if `start` was not called)."""
+        self.start()
+        return self._engine.map(batches)

@@ -1,0 +1,56 @@
+"""A runner's options and counters: plain values, importable without torch (a no-op rerun never loads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+LongInputs = Literal["truncate", "error", "chunk"]
+
+
+@dataclass
+class RunnerOptions:
+    """How texts become packed forwards and what each sequence asks the pooler for."""
+
+    task: str = "embed"
+    max_batch_tokens: int | None = None
+    max_length: int | None = None
+    long_inputs: LongInputs = "truncate"
+    truncation_side: Literal["right", "left"] = "right"
+    # Whitespace is kept, as sentence-transformers >= 5.4, vLLM and TEI do; `--strip` opts in to the old rule.
+    strip: bool = False
+    prompt: str = ""
+    normalize: bool | None = None
+    dimensions: int | None = None
+    # Decoders: a sequence over max_batch_tokens runs in slices with a KV cache (embedcli.compute.prefill).
+    chunked_prefill: bool = True
+    # Token tasks: results carry each row's token ids too (`TokenRows`), for dropping special tokens.
+    with_token_ids: bool = False
+
+
+
+@dataclass
+class RunStats:
+    """Counters and per-phase seconds of a run."""
+
+    rows: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    truncated_rows: int = 0
+    chunked_rows: int = 0
+    sliced_rows: int = 0  # over the token budget on a decoder: chunked prefill in slices
+    solo_rows: int = 0  # over the token budget on an encoder (or slicing off): a forward of its own
+    seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "compute": 0.0})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "forwards": self.forwards,
+            "truncated_rows": self.truncated_rows,
+            "chunked_rows": self.chunked_rows,
+            "sliced_rows": self.sliced_rows,
+            "solo_rows": self.solo_rows,
+            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+        }

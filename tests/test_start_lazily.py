@@ -1,0 +1,197 @@
+"""Start only what is needed: commands that need no model, and reruns that find nothing to do, never import torch.
+
+The outputs are made in-process (torch is loaded there anyway); each checked command runs in a fresh
+interpreter that reports whether torch was imported. The provenance a run plans before loading must be the
+one the loaded runner has, for every option that enters it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+# Runs `embedcli ARGS` as the console script does, then says on the last stderr line whether torch was imported.
+_PROBE = """
+import runpy, sys
+sys.argv = ["embedcli", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("embedcli", run_name="__main__")
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else 1
+print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "EMBEDCLI_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+
+
+def fresh(cache: Path, *args: object) -> subprocess.CompletedProcess[str]:
+    """`embedcli ARGS` in a new interpreter."""
+    return subprocess.run(
+        [sys.executable, "-c", _PROBE, *map(str, args)], capture_output=True, text=True, env=_env(cache), timeout=300
+    )
+
+
+def imported_torch(result: subprocess.CompletedProcess[str]) -> bool:
+    """What the probe's last stderr line says."""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("torch imported:"), result.stderr
+    return last.endswith("True")
+
+
+@pytest.fixture(scope="module")
+def made(st_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A corpus, the cache dir, and complete outputs of it: one per dtype choice, and a --shard 0/2, 1/2 set."""
+    from embedcli.cli import app
+
+    root = tmp_path_factory.mktemp("lazy")
+    corpus = root / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": f"row number {i}"}) + "\n" for i in range(6)))
+    cache = root / "cache"
+    paths = {"corpus": corpus, "cache": cache, "model": st_model}
+    runner = CliRunner()
+    env = {"EMBEDCLI_CACHE_DIR": str(cache)}
+    jobs = {
+        "auto": ["--dtype", "auto"],  # probed once here; the rerun reads the cached decision (or no bf16 CPU)
+        "float32": ["--dtype", "float32"],
+        "shard0": ["--dtype", "float32", "--shard", "0/2"],
+        "shard1": ["--dtype", "float32", "--shard", "1/2"],
+    }
+    for name, extra in jobs.items():
+        out = root / f"{name}.parquet"
+        result = runner.invoke(app, ["embed", str(corpus), "-m", str(st_model), "-o", str(out), "-q", *extra], env=env)
+        assert result.exit_code == 0, result.output
+        paths[name] = out
+    return paths
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_noop_rerun_of_complete_output_does_not_import_torch(made: dict[str, Path], dtype: str) -> None:
+    out = made[dtype]
+    before = out.read_bytes()
+    result = fresh(made["cache"], "embed", made["corpus"], "-m", made["model"], "-o", out, "--dtype", dtype)
+    assert result.returncode == 0, result.stderr
+    assert "is already complete" in result.stderr and "nothing to do" in result.stderr
+    assert not imported_torch(result)
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("change", [["--dtype", "bfloat16"], ["--no-normalize"], ["--prompt", "query: "]])
+def test_config_mismatch_is_refused_without_importing_torch(made: dict[str, Path], change: list[str]) -> None:
+    out = made["float32"]
+    before = out.read_bytes()
+    args = ["embed", made["corpus"], "-m", made["model"], "-o", out, "--dtype", "float32", *change]
+    result = fresh(made["cache"], *args)
+    assert result.returncode == 2, result.stderr
+    assert "different config" in result.stderr
+    assert not imported_torch(result)
+    assert out.read_bytes() == before
+
+
+def test_staged_work_of_another_config_is_refused_without_importing_torch(made: dict[str, Path], tmp_path: Path) -> None:
+    from embedcli.cli import app
+
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text(made["corpus"].read_text() + "not json\n")  # the run stops here, its shards committed
+    out = tmp_path / "out.parquet"
+    args = ["embed", str(corpus), "-m", str(made["model"]), "-o", str(out), "--dtype", "float32", "--shard-rows", "2"]
+    assert CliRunner().invoke(app, [*args, "-q"]).exit_code != 0
+    manifest = Path(f"{out}.embedcli-staging") / "_embedcli" / "manifest.json"
+    staged = manifest.read_bytes()
+    result = fresh(made["cache"], *args, "--no-normalize")
+    assert result.returncode == 2, result.stderr
+    assert "holds the work of an interrupted run with a different config" in result.stderr
+    assert not imported_torch(result)
+    assert manifest.read_bytes() == staged
+
+
+def test_commands_without_a_model_do_not_import_torch(made: dict[str, Path], tmp_path: Path) -> None:
+    commands = [
+        ["--help"],
+        ["embed", "--help"],
+        ["info", made["model"]],
+        ["inspect", made["float32"]],
+        ["merge", made["shard0"], made["shard1"], "-o", tmp_path / "merged.parquet"],
+    ]
+    for args in commands:
+        result = fresh(made["cache"], *args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert not imported_torch(result), args
+    assert pq.read_table(tmp_path / "merged.parquet").num_rows == 6
+
+
+def test_a_run_with_work_still_loads_the_model(made: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "new.parquet"
+    result = fresh(made["cache"], "embed", made["corpus"], "-m", made["model"], "-o", out, "--dtype", "float32", "-q")
+    assert result.returncode == 0, result.stderr
+    assert imported_torch(result)
+    assert pq.read_table(out).num_rows == 6
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype", "options"),
+    [
+        ("bert-st", "float32", {}),
+        ("bert-st", "bfloat16", {}),
+        ("bert-st", "auto", {}),  # the decision `made` cached (or float32 on a CPU without native bf16)
+        ("bert-st", "auto", {"quantize": True}),
+        ("bert-st", "float32", {"normalize": False, "dimensions": 16, "prompt": "query: "}),
+        ("bert-st", "float32", {"normalize": True, "long_inputs": "chunk", "truncation_side": "left", "strip": True}),
+        ("bert-st-cls", "float32", {}),  # no Normalize module: the model's own normalize is False
+        ("bert-st-dense", "float16", {"max_length": 8}),
+        ("qwen2-st6", "float32", {}),
+    ],
+)
+def test_planned_provenance_is_the_loaded_runners(
+    made: dict[str, Path],
+    tiny_model: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    dtype: str,
+    options: dict[str, object],
+) -> None:
+    from embedcli.compute.build import build_runner, embed_recipe
+    from embedcli.compute.plan import plan_runner
+    from embedcli.tasks.common import ModelChoice, load_spec, planned_provenance, provenance
+
+    monkeypatch.setenv("EMBEDCLI_CACHE_DIR", str(made["cache"]))  # where `made` cached bert-st's auto decision
+    options = dict(options)
+    quantize = bool(options.pop("quantize", False))
+    max_length = options.pop("max_length", None)
+    choice = ModelChoice(str(tiny_model(model)), device="cpu", dtype=dtype, quantize=quantize, max_length=max_length)
+    spec = load_spec(choice)
+    recipe = embed_recipe(spec, choice.options(), **options)  # type: ignore[arg-type]
+    plan = plan_runner(recipe)
+    assert plan is not None
+    extra = {"precision": "float32"}
+    runner = build_runner(recipe)
+    assert planned_provenance(spec, plan, recipe.runner_options, extra) == provenance(runner.model, runner, extra)
+
+
+def test_a_model_that_loads_otherwise_than_planned_stops_the_run(
+    made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    import embedcli.tasks.common as common
+    from embedcli.cli import app
+
+    real = common.plan_runner
+    monkeypatch.setattr(common, "plan_runner", lambda recipe: dataclasses.replace(real(recipe), dtype_reason="wrong"))
+    out = tmp_path / "out.parquet"
+    args = ["embed", str(made["corpus"]), "-m", str(made["model"]), "-o", str(out), "--dtype", "float32", "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0
+    assert "differs from its plan in ['embedcli.dtype_reason']" in str(result.exception)
+    assert not out.exists()
