@@ -212,7 +212,7 @@ class LoadedModel:
         except UnsupportedCheckpoint as e:
             if choice == "own":
                 raise ConfigRefusedError(
-                    f"{self.spec.path}: embedcli's own backbone (EMBEDCLI_BACKBONE=own) cannot run this model: {e}"
+                    f"{self.spec.path}: embedcli's own backbone cannot run this model: {e} (EMBEDCLI_BACKBONE=own)"
                 ) from e
             return None
         if self.options.quantize:
