@@ -26,6 +26,7 @@ __all__ = [
     "OutputFormatError",
     "PoolingConfigError",
     "TooManyErrors",
+    "UnsupportedCheckpoint",
     "UsageError",
     "display_path",
     "printable",
@@ -84,6 +85,11 @@ class ConfigRefusedError(ModelConfigError):
     """A model file or flag value embedcli refuses on purpose, naming the file and key (exit 2)."""
 
     exit_code = EXIT_USAGE
+
+
+class UnsupportedCheckpoint(EmbedcliError, ValueError):
+    """A checkpoint an own backbone does not implement exactly; the loader falls back to transformers (exit 1
+    if it ever reaches the CLI; with the own backbone forced the loader refuses it as a `ConfigRefusedError`)."""
 
 
 class ModelNotFoundError(EmbedcliError, FileNotFoundError):

@@ -21,17 +21,18 @@ what keeps the other sequences' batches at the budget.
 
 Pooling (`pool_forward`): the cursor of a forward with a slice marks it as a partial prefill as vLLM
 does (prompt_lens = whole length, num_scheduled_tokens = the slice, seq_lens = tokens computed so far,
-finished when seq_lens == prompt_lens). Only finished sequences get a result:
+finished when seq_lens == prompt_lens), and the pooler's one entry for it, `Pooler.pool_slices`, gets each
+sliced sequence's `PoolingState`. Only finished sequences get a result. How a sequence carries is declared
+by its pooling method (`carries_slices`; a pooler that cannot carry is refused when the runner is built):
 
-- LAST: the last scheduled token of the final slice (vLLM's behaviour);
-- MEAN: each slice's float32 segment sum is added to a per-sequence running sum, divided by the whole
-  prompt length once, on the final slice (vLLM rejects MEAN on a partial prefill; embedcli does not);
-- CLS: the first token of the first slice, kept until the final slice;
-- ALL/STEP (token tasks): the pooler's own per-sequence hidden-state cache concatenates the slices;
-- sentence-transformers modes (max, weightedmean, mean_sqrt_len, concatenations, include_prompt=false):
-  each slice's `SegmentAccumulator` (sums, counts, position weights, max, first/last token) is merged into
-  the sequence's running one; positions are global, so the prompt's tokens and weightedmean's weights are
-  those of the whole sequence. Every mode carries; none is refused.
+- sequence methods (`SequencePoolingMethod`: CLS, LAST, MEAN and every sentence-transformers mode) pool
+  each forward into a `Partial` (`accumulate`), merge a sliced sequence's row into the one it carries, and
+  `finish` it: MEAN carries a float32 running sum divided by the whole prompt length on the final slice
+  (vLLM rejects MEAN on a partial prefill; embedcli does not), CLS keeps the first slice's first token, LAST
+  takes the final slice's last token (vLLM's behaviour), the sentence-transformers modes carry a
+  `SegmentAccumulator` (sums, counts, position weights, max, first/last token) with global positions, so
+  the prompt's tokens and weightedmean's weights are those of the whole sequence;
+- token methods (ALL/STEP) concatenate the slices in the per-sequence hidden-state cache (vLLM's pooling_states).
 
 The head (projector, Matryoshka slice, normalize / classifier) runs once, on the finished vector.
 """
@@ -47,10 +48,9 @@ import torch
 
 from embedcli.models.kv_cache import PrefixSlice, SequenceKVCache
 from embedcli.models.packing import PackInfo
-from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata, PoolingState
-from embedcli.pooling.methods import CLSPool, LastPool, MeanPool, segment_sum_float32
+from embedcli.pooling.metadata import PoolingMetadata, PoolingState
 from embedcli.pooling.params import PoolingParams
-from embedcli.pooling.st_pooling import SegmentAccumulator, SentenceTransformerPool
+from embedcli.pooling.poolers import Pooler
 
 
 @dataclass(frozen=True)
@@ -136,13 +136,10 @@ def plan_forwards(lengths: np.ndarray, budget: int, sliceable: bool) -> tuple[li
 
 @dataclass
 class SliceState:
-    """What a long sequence carries between its slices: KV cache and the pooling accumulators."""
+    """What a long sequence carries between its slices: its KV cache and its pooling state."""
 
     cache: SequenceKVCache
-    running_sum: torch.Tensor | None = None  # MEAN: float32 sum of the token states so far
-    first: torch.Tensor | None = None  # CLS: the first token's state
-    pooling_state: PoolingState = field(default_factory=PoolingState)  # ALL/STEP: cached slices
-    accumulator: SegmentAccumulator | None = None  # sentence-transformers modes: partial results so far
+    pooling_state: PoolingState = field(default_factory=PoolingState)
 
 
 def forward_with_slice(
@@ -173,74 +170,14 @@ def forward_with_slice(
     return hidden
 
 
-def _subset(cursor: PoolingCursor, idx: torch.Tensor) -> PoolingCursor:
-    return PoolingCursor(
-        first_token_indices=cursor.first_token_indices[idx],
-        last_token_indices=cursor.last_token_indices[idx],
-        prompt_lens=cursor.prompt_lens[idx],
-        seq_lens=cursor.seq_lens[idx],
-        num_scheduled_tokens=cursor.num_scheduled_tokens[idx],
-    )
-
-
 @torch.inference_mode()
 def pool_forward(
-    pooler, hidden: torch.Tensor, metadata: PoolingMetadata, states: list[SliceState | None]  # type: ignore[no-untyped-def]
+    pooler: Pooler, hidden: torch.Tensor, metadata: PoolingMetadata, states: list[SliceState | None]
 ) -> list[torch.Tensor | None]:
     """Results of one forward's sequences; `None` for a slice that is not its sequence's last."""
-    cursor = metadata.cursor
-    if not cursor.is_partial_prefill():
+    if not metadata.cursor.is_partial_prefill():
         return list(pooler(hidden, metadata))
-    method = getattr(pooler, "method", None)
-    head = getattr(pooler, "head", None)
-    if method is None or head is None:
-        raise RuntimeError(f"{type(pooler).__name__} cannot pool a chunked prefill (no method + head)")
-    if isinstance(method, SentenceTransformerPool):
-        # Every sentence-transformers mode carries: sums, counts, weights, max, first and last token states.
-        acc = method.accumulate(hidden, cursor, method.skip(metadata))
-        for i, state in enumerate(states):
-            if state is not None:
-                state.accumulator = acc.row(i) if state.accumulator is None else state.accumulator.merge(acc.row(i))
-                acc.put(i, state.accumulator)
-        return _finish(head, method.finish(acc), metadata)
-    if not isinstance(method, (LastPool, MeanPool, CLSPool)):
-        # Token methods (ALL/STEP) keep their own per-sequence caches of the slices.
-        metadata.pooling_states = [s.pooling_state if s is not None else PoolingState() for s in states]
-        return list(pooler(hidden, metadata))
-    if isinstance(method, LastPool):
-        pooled = method(hidden, cursor)
-    elif isinstance(method, MeanPool):
-        sums = segment_sum_float32(hidden, cursor.num_scheduled_tokens, method.chunk_bytes)
-        for i, state in enumerate(states):
-            if state is not None:
-                state.running_sum = sums[i].clone() if state.running_sum is None else state.running_sum + sums[i]
-                sums[i] = state.running_sum
-        pooled = sums / cursor.prompt_lens.to(sums.device, torch.float32).unsqueeze(1)
-    else:
-        pooled = hidden[cursor.first_token_indices.to(hidden.device)]
-        first_slice = (cursor.seq_lens == cursor.num_scheduled_tokens).tolist()
-        for i, state in enumerate(states):
-            if state is not None:
-                if first_slice[i]:
-                    state.first = pooled[i].clone()
-                pooled[i] = state.first
-    return _finish(head, pooled, metadata)
-
-
-def _finish(head, pooled: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor | None]:  # type: ignore[no-untyped-def]
-    """The head over the finished sequences' pooled vectors; `None` for the unfinished."""
-    cursor = metadata.cursor
-    finished = cursor.is_finished()
-    idx = torch.nonzero(finished).flatten()
-    results: list[torch.Tensor | None] = [None] * len(cursor)
-    if idx.numel() == 0:
-        return results
-    params: list[PoolingParams] = [metadata.pooling_params[i] for i in idx.tolist()]
-    sub = PoolingMetadata(_subset(cursor, idx), params)
-    out = head(pooled[idx.to(pooled.device)], sub)
-    for i, r in zip(idx.tolist(), list(out), strict=True):
-        results[i] = r
-    return results
+    return pooler.pool_slices(hidden, metadata, [s.pooling_state if s is not None else None for s in states])
 
 
 def run_long(
@@ -248,7 +185,7 @@ def run_long(
     results: list[torch.Tensor | None],
     *,
     model: Any,
-    pooler: Any,
+    pooler: Pooler,
     budget: int,
     forward: Callable[[np.ndarray], list[torch.Tensor]],
     params_of: Callable[[int], PoolingParams],

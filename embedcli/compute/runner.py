@@ -98,6 +98,13 @@ class Runner:
         self._chunk_params = dataclasses.replace(self.params, use_activation=False)
         self.pooler = model.pooler.pooler_for(task)
         self.needs_token_ids = self.pooler.requires_token_ids()
+        # Decoders run a sequence over the token budget in slices; the pooler must declare it carries them,
+        # so wrong wiring fails here, not at the first long document.
+        self.sliceable = bool(spec.is_decoder) and self.options.chunked_prefill
+        if self.sliceable and not self.pooler.carries_slices():
+            raise PoolingConfigError(
+                f"{type(self.pooler).__name__} ({task}) cannot pool a sequence split over chunked-prefill slices"
+            )
         self.stats = RunStats()
         self._tokenizer = model.tokenizer
         self._special_ids = model.hf_tokenizer.all_special_ids
@@ -242,7 +249,7 @@ class Runner:
                 enc, results, model=self.model, pooler=self.pooler, budget=self.max_batch_tokens,
                 forward=lambda members: self._forward(enc, members), params_of=lambda i: self.params_for(enc, i),
                 stats=self.stats, with_token_ids=self.needs_token_ids,
-                sliceable=bool(self.model.spec.is_decoder) and self.options.chunked_prefill,
+                sliceable=self.sliceable,
                 prompt_tokens=self._prompt_tokens,
             )
         for members in [] if over_budget else self._packs(enc.lengths):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from embedcli.errors import ModelConfigError
+from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template
 from embedcli.models.st_config import read_json
 
@@ -21,15 +21,16 @@ def read_splade(folder: Path, architecture: str, cfg: dict[str, Any], st_cfg: di
     """SPLADE settings of a sentence-transformers SparseEncoder folder."""
     where = folder / "modules.json"
     if not architecture.endswith("ForMaskedLM"):
-        raise ModelConfigError(
-            f"{where}: SpladePooling needs a masked-LM transformer (…ForMaskedLM), this model is {architecture}"
+        raise ConfigRefusedError(
+            f"{where}: SpladePooling needs a masked-LM transformer (…ForMaskedLM); config.json architectures is "
+            f"{architecture}"
         )
     pooling = str(cfg.get("pooling_strategy", "max"))
     activation = str(cfg.get("activation_function", "relu"))
     if pooling not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
-        raise ModelConfigError(
-            f"{where}: SpladePooling {pooling!r}/{activation!r} is not supported; embedcli runs max or sum over "
-            "relu or log1p_relu"
+        raise ConfigRefusedError(
+            f"{where}: SpladePooling pooling_strategy {pooling!r} / activation_function {activation!r} is not "
+            "supported; embedcli runs max or sum over relu or log1p_relu"
         )
     top_k = st_cfg.get("max_active_dims")
     return {
@@ -53,14 +54,14 @@ def read_reranker(
 ) -> dict[str, Any]:
     """Score tokens, their ids and the pair template of a causal LM used as a yes/no reranker."""
     if not architecture.endswith("ForCausalLM"):
-        raise ModelConfigError(
+        raise ConfigRefusedError(
             f"{folder / 'config.json'}: --classifier-from-tokens / --pair-template / --reranker-preset turn a "
             f"causal LM (…ForCausalLM) into a reranker; this model is {architecture}"
         )
     preset = None
     if flags.preset is not None:
         if flags.preset not in PRESETS:
-            raise ModelConfigError(f"--reranker-preset {flags.preset!r}: choose one of {', '.join(PRESETS)}")
+            raise ConfigRefusedError(f"--reranker-preset {flags.preset!r}: choose one of {', '.join(PRESETS)}")
         preset = PRESETS[flags.preset]
     vocab = _vocabulary(folder)
     tokens: tuple[str, ...]
@@ -78,17 +79,17 @@ def read_reranker(
             raise ModelConfigError(f"{folder}: LogitScore token ids {list(ids)} are not in tokenizer.json")
         tokens = names  # type: ignore[assignment]
     else:
-        raise ModelConfigError(
+        raise ConfigRefusedError(
             f"{folder}: a causal LM reranker needs its score tokens: --classifier-from-tokens no,yes "
             "(or --reranker-preset)"
         )
     if len(tokens) not in (1, 2):
-        raise ModelConfigError(f"--classifier-from-tokens {','.join(tokens)}: give one token or two (false,true)")
+        raise ConfigRefusedError(f"--classifier-from-tokens {','.join(tokens)}: give one token or two (false,true)")
     token_ids = []
     for token in tokens:
         token_id = vocab.token_to_id(token)
         if token_id is None:
-            raise ModelConfigError(f"--classifier-from-tokens: {token!r} is not a token of {folder / 'tokenizer.json'}")
+            raise ConfigRefusedError(f"--classifier-from-tokens: {token!r} is not a token of {folder / 'tokenizer.json'}")
         token_ids.append(int(token_id))
     template = flags.pair_template if flags.pair_template is not None else (preset.template if preset else None)
     chat_kwargs: dict[str, Any] | None = None
@@ -98,7 +99,7 @@ def read_reranker(
         try:
             check_template(template, "--pair-template")
         except ValueError as e:
-            raise ModelConfigError(str(e)) from None
+            raise ConfigRefusedError(str(e)) from None
     instruction = flags.instruction if flags.instruction is not None else (preset.instruction if preset else None)
     return {
         "score_tokens": tuple(tokens),
@@ -119,10 +120,10 @@ def _st_chat_pairs(folder: Path) -> dict[str, Any] | None:
         return None  # pairs are a tokenizer text pair, whatever chat template the tokenizer has
     fmt = (cfg["modality_config"]["message"] or {}).get("format", "flat")
     if fmt != "flat":
-        raise ModelConfigError(f"{path}: message format {fmt!r} is not supported (embedcli renders 'flat' messages)")
+        raise ConfigRefusedError(f"{path}: modality_config.message.format {fmt!r} is not supported (embedcli renders 'flat' messages)")
     kwargs = dict(((cfg.get("processing_kwargs") or {}).get("chat_template")) or {})
     for key in ("restore_suffix", "padding", "truncation", "max_length", "return_tensors"):
         kwargs.pop(key, None)
     if not all(isinstance(v, (str, int, float, bool)) or v is None for v in kwargs.values()):
-        raise ModelConfigError(f"{path}: chat_template kwargs {sorted(kwargs)} must be plain values")
+        raise ConfigRefusedError(f"{path}: processing_kwargs.chat_template {sorted(kwargs)} must be plain values")
     return kwargs

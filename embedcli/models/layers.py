@@ -18,13 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
+from embedcli.errors import UnsupportedCheckpoint
 from embedcli.models.packing import PackInfo, flash_attn_available, packed_attention
 
 StateDict = dict[str, torch.Tensor]
-
-
-class UnsupportedCheckpoint(ValueError):
-    """A checkpoint an own backbone does not implement exactly; the loader falls back to transformers."""
 
 
 class JsonConfig(SimpleNamespace):

@@ -174,7 +174,7 @@ def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
     spec = model.spec
     if spec.head != "lm_score" or (spec.pair_template is None and spec.pair_chat_template is None):
         return None
-    from embedcli.errors import ModelConfigError
+    from embedcli.errors import ConfigRefusedError
 
     try:
         source = spec.pair_template
@@ -187,5 +187,5 @@ def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
                                  "leaves out; pass --pair-template instead")
         template = PairTemplate(source, spec.instruction, model.tokenizer, max_length)
     except ValueError as e:
-        raise ModelConfigError(f"{spec.path}: {e}") from None
+        raise ConfigRefusedError(f"{spec.path}: {e}") from None
     return lambda query, document: template.render(query, document, truncate=truncate)

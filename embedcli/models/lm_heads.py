@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embedcli.errors import ModelConfigError
+from embedcli.errors import ConfigRefusedError
 from embedcli.models.spec import ModelSpec
 from embedcli.pooling import (
     DispatchPooler,
@@ -25,7 +25,7 @@ def lm_score_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
     """The score tokens' rows of a causal LM's `lm_head` (float32), as a `[n, hidden] -> [n, 1]` module."""
     lm_head = model.get_output_embeddings()
     if lm_head is None:
-        raise ModelConfigError(f"{spec.path}: the causal LM has no output embeddings (lm_head) to score with")
+        raise ConfigRefusedError(f"{spec.path}: the causal LM has no output embeddings (lm_head) to score with")
     weight = lm_head.weight
     if callable(weight):  # int8 dynamically quantized Linear
         weight = weight().dequantize()
@@ -46,7 +46,7 @@ def mlm_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
         return model.lm_head
     if kind == "distilbert":
         return nn.Sequential(model.vocab_transform, model.activation, model.vocab_layer_norm, model.vocab_projector)
-    raise ModelConfigError(f"{spec.path}: SPLADE on model_type {kind!r} is not supported (bert, roberta, "
+    raise ConfigRefusedError(f"{spec.path}: SPLADE on model_type {kind!r} is not supported (bert, roberta, "
                            "xlm-roberta, camembert, mpnet, distilbert)")
 
 

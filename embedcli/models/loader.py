@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint
 from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
-from embedcli.models.layers import UnsupportedCheckpoint
 from embedcli.models.options import ModelOptions
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.precision import (
@@ -186,7 +186,9 @@ class LoadedModel:
             model, classifier = load_own_backbone(self.spec, self.weight_dtype, self.device)
         except UnsupportedCheckpoint as e:
             if choice == "own":
-                raise ModelConfigError(f"{self.spec.path}: embedcli's own backbone cannot run this model: {e}") from e
+                raise ConfigRefusedError(
+                    f"{self.spec.path}: embedcli's own backbone cannot run this model: {e} (EMBEDCLI_BACKBONE=own)"
+                ) from e
             return None
         if self.options.quantize:
             if self.device.type != "cpu" or self.dtype != torch.float32:

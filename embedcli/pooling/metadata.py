@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -76,6 +77,16 @@ class PoolingCursor:
         torch.cumsum(self.num_scheduled_tokens, 0, out=out[1:])
         return out
 
+    def select(self, idx: torch.Tensor) -> PoolingCursor:
+        """The sequences at `idx`, their token indices unchanged (still into this forward's buffer)."""
+        return PoolingCursor(
+            first_token_indices=self.first_token_indices[idx],
+            last_token_indices=self.last_token_indices[idx],
+            prompt_lens=self.prompt_lens[idx],
+            seq_lens=self.seq_lens[idx],
+            num_scheduled_tokens=self.num_scheduled_tokens[idx],
+        )
+
     def slice(self, start: int, end: int) -> PoolingCursor:
         """Sequences `[start, end)`, with token indices re-based to the first of them."""
         if start == end:
@@ -101,13 +112,15 @@ class PoolingCursor:
 class PoolingState:
     """Per-sequence state carried across forwards of a sliced (chunked-prefill) sequence."""
 
-    hidden_states_cache: list[torch.Tensor] = field(default_factory=list)
-    token_ids_cache: list[torch.Tensor] = field(default_factory=list)
+    hidden_states_cache: list[torch.Tensor] = field(default_factory=list)  # token methods (ALL/STEP)
+    token_ids_cache: list[torch.Tensor] = field(default_factory=list)  # STEP
+    partial: Any = None  # sequence methods: their one-row `Partial` results of the slices so far
 
     def clear(self) -> None:
         """Drop the cached slices once the sequence has been pooled."""
         self.hidden_states_cache.clear()
         self.token_ids_cache.clear()
+        self.partial = None
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal, Protocol, Self
 
 import torch
 from torch import nn
@@ -28,9 +30,63 @@ class PoolingMethod(nn.Module, ABC):
         """Whether the metadata must carry the token ids of the buffer."""
         return False
 
+    def carries_slices(self) -> bool:
+        """Whether a sequence split over the slices of a chunked prefill pools to its whole-sequence result."""
+        return False
+
+
+class Partial(Protocol):
+    """Per-sequence partial pooling results of the tokens seen so far, one row per sequence."""
+
+    def row(self, i: int) -> Self:
+        """The partial results of sequence `i` alone (a copy)."""
+        ...
+
+    def put(self, i: int, other: Self) -> None:
+        """Overwrite sequence `i` with the one-row `other`."""
+        ...
+
+    def merge(self, later: Self) -> Self:
+        """Combine with the partial results of the tokens that follow (same sequences, in order)."""
+        ...
+
+
+@dataclass
+class RowPartial:
+    """One carried row per sequence: summed (MEAN), the earliest kept (CLS) or the latest kept (LAST)."""
+
+    values: torch.Tensor  # [n, h]
+    keep: Literal["sum", "first", "last"]
+
+    def row(self, i: int) -> RowPartial:
+        return RowPartial(self.values[i : i + 1].clone(), self.keep)
+
+    def put(self, i: int, other: RowPartial) -> None:
+        self.values[i] = other.values[0]
+
+    def merge(self, later: RowPartial) -> RowPartial:
+        if self.keep == "sum":
+            return RowPartial(self.values + later.values, "sum")
+        return self if self.keep == "first" else later
+
 
 class SequencePoolingMethod(PoolingMethod):
-    """One vector per sequence."""
+    """One vector per sequence; a sliced sequence carries its `Partial` results from slice to slice.
+
+    Chunked prefill pools each forward with `accumulate`, merges a sliced sequence's rows into the ones it
+    carries (`Partial.merge`), and `finish`es them; on whole sequences that is `forward` itself.
+    """
+
+    def carries_slices(self) -> bool:
+        return True
+
+    @abstractmethod
+    def accumulate(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> Partial:
+        """Partial results of this forward's tokens, one row per sequence."""
+
+    @abstractmethod
+    def finish(self, partial: Partial, cursor: PoolingCursor) -> torch.Tensor:
+        """The pooled `[num_seqs, hidden]` vectors from partial results that cover whole sequences."""
 
     @abstractmethod
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> torch.Tensor:
@@ -49,18 +105,35 @@ def _reject_partial_prefill(cursor: PoolingCursor, name: str) -> None:
 class CLSPool(SequencePoolingMethod):
     """The hidden state of each sequence's first token."""
 
+    def accumulate(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> RowPartial:
+        # In a later slice this row is not the sequence's first token; merging keeps the first slice's.
+        cursor = _cursor(metadata)
+        return RowPartial(hidden_states[cursor.first_token_indices.to(hidden_states.device)], "first")
+
+    def finish(self, partial: Partial, cursor: PoolingCursor) -> torch.Tensor:
+        assert isinstance(partial, RowPartial)
+        return partial.values
+
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> torch.Tensor:
         cursor = _cursor(metadata)
         _reject_partial_prefill(cursor, "CLS")
-        return hidden_states[cursor.first_token_indices.to(hidden_states.device)]
+        return self.finish(self.accumulate(hidden_states, cursor), cursor)
 
 
 class LastPool(SequencePoolingMethod):
     """The hidden state of each sequence's last scheduled token (partial prefill allowed)."""
 
+    def accumulate(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> RowPartial:
+        cursor = _cursor(metadata)
+        return RowPartial(hidden_states[cursor.last_token_indices.to(hidden_states.device)], "last")
+
+    def finish(self, partial: Partial, cursor: PoolingCursor) -> torch.Tensor:
+        assert isinstance(partial, RowPartial)
+        return partial.values
+
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> torch.Tensor:
         cursor = _cursor(metadata)
-        return hidden_states[cursor.last_token_indices.to(hidden_states.device)]
+        return self.finish(self.accumulate(hidden_states, cursor), cursor)
 
 
 def segment_sum_float32(
@@ -95,14 +168,23 @@ class MeanPool(SequencePoolingMethod):
             raise ValueError("chunk_bytes must be positive")
         self.chunk_bytes = chunk_bytes
 
+    def accumulate(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> RowPartial:
+        cursor = _cursor(metadata)
+        return RowPartial(segment_sum_float32(hidden_states, cursor.num_scheduled_tokens, self.chunk_bytes), "sum")
+
+    def finish(self, partial: Partial, cursor: PoolingCursor) -> torch.Tensor:
+        assert isinstance(partial, RowPartial)
+        sums = partial.values
+        if len(cursor) == 0:
+            return sums
+        # Divide by the whole prompt length: the flat buffer has no padding to mask. (vLLM rejects MEAN on
+        # a partial prefill; the sums carried across slices make it exact here.)
+        return sums / cursor.prompt_lens.to(sums.device, torch.float32).unsqueeze(1)
+
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> torch.Tensor:
         cursor = _cursor(metadata)
         _reject_partial_prefill(cursor, "MEAN")
-        sums = segment_sum_float32(hidden_states, cursor.num_scheduled_tokens, self.chunk_bytes)
-        if len(cursor) == 0:
-            return sums
-        # Divide by the whole prompt length: the flat buffer has no padding to mask.
-        return sums / cursor.prompt_lens.to(sums.device, torch.float32).unsqueeze(1)
+        return self.finish(self.accumulate(hidden_states, cursor), cursor)
 
 
 _SEQ_METHODS: dict[str, type[SequencePoolingMethod]] = {"CLS": CLSPool, "LAST": LastPool, "MEAN": MeanPool}
@@ -134,6 +216,9 @@ class AllPool(TokenPoolingMethod):
 
     def get_supported_tasks(self) -> set[str]:
         return {"token_embed", "token_classify"}
+
+    def carries_slices(self) -> bool:
+        return True  # through `PoolingMetadata.pooling_states`
 
     def _gather(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> TokenPoolerOutput:
         cursor = metadata.cursor
@@ -215,7 +300,9 @@ __all__ = [
     "CLSPool",
     "LastPool",
     "MeanPool",
+    "Partial",
     "PoolingState",
+    "RowPartial",
     "StepPool",
     "get_seq_pooling_method",
     "get_tok_pooling_method",

@@ -16,7 +16,7 @@ from embedcli.pooling.heads import (
     TokenClassifierPoolerHead,
     TokenEmbeddingPoolerHead,
 )
-from embedcli.pooling.metadata import PoolingMetadata
+from embedcli.pooling.metadata import PoolingMetadata, PoolingState
 from embedcli.pooling.methods import (
     PoolingMethod,
     SequencePoolingMethod,
@@ -40,8 +40,21 @@ class Pooler(nn.Module):
         """Whether the metadata must carry the buffer's token ids."""
         return False
 
+    def carries_slices(self) -> bool:
+        """Whether `pool_slices` can pool sequences split over the slices of a chunked prefill."""
+        return False
+
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> PoolerOutput:
         raise NotImplementedError
+
+    def pool_slices(
+        self, hidden_states: torch.Tensor, metadata: PoolingMetadata, states: list[PoolingState | None]
+    ) -> list[torch.Tensor | None]:
+        """Results of a forward that holds slices; `None` for a sequence whose last slice is still to come.
+
+        `states[i]` is what sliced sequence i carries from its earlier slices (None: sequence i is whole).
+        """
+        raise PoolingConfigError(f"{type(self).__name__} cannot pool a sequence split over prefill slices")
 
 
 class _MethodHeadPooler(Pooler):
@@ -61,6 +74,9 @@ class _MethodHeadPooler(Pooler):
     def requires_token_ids(self) -> bool:
         return self.method.requires_token_ids()
 
+    def carries_slices(self) -> bool:
+        return self.method.carries_slices()
+
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> PoolerOutput:
         return self.head(self.method(hidden_states, metadata), metadata)
 
@@ -68,8 +84,30 @@ class _MethodHeadPooler(Pooler):
 class SequencePooler(_MethodHeadPooler):
     """A sequence pooling method (CLS/LAST/MEAN) followed by an embedding or classifier head."""
 
+    method: SequencePoolingMethod
+
     def __init__(self, method: SequencePoolingMethod, head: PoolerHead) -> None:
         super().__init__(method, head)
+
+    def pool_slices(
+        self, hidden_states: torch.Tensor, metadata: PoolingMetadata, states: list[PoolingState | None]
+    ) -> list[torch.Tensor | None]:
+        cursor = metadata.cursor
+        partial = self.method.accumulate(hidden_states, metadata)
+        for i, state in enumerate(states):
+            if state is not None:
+                state.partial = partial.row(i) if state.partial is None else state.partial.merge(partial.row(i))
+                partial.put(i, state.partial)
+        pooled = self.method.finish(partial, cursor)
+        # The head runs once per sequence, on its finished vector only.
+        idx = torch.nonzero(cursor.is_finished()).flatten()
+        results: list[torch.Tensor | None] = [None] * len(cursor)
+        if idx.numel() == 0:
+            return results
+        sub = PoolingMetadata(cursor.select(idx), [metadata.pooling_params[i] for i in idx.tolist()])
+        for i, r in zip(idx.tolist(), list(self.head(pooled[idx.to(pooled.device)], sub)), strict=True):
+            results[i] = r
+        return results
 
 
 class TokenPooler(_MethodHeadPooler):
@@ -77,6 +115,13 @@ class TokenPooler(_MethodHeadPooler):
 
     def __init__(self, method: TokenPoolingMethod, head: PoolerHead) -> None:
         super().__init__(method, head)
+
+    def pool_slices(
+        self, hidden_states: torch.Tensor, metadata: PoolingMetadata, states: list[PoolingState | None]
+    ) -> list[torch.Tensor | None]:
+        # The token methods keep their own per-sequence caches of the slices (vLLM's pooling_states).
+        metadata.pooling_states = [s if s is not None else PoolingState() for s in states]
+        return list(self(hidden_states, metadata))
 
 
 class DispatchPooler(Pooler):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata
-from embedcli.pooling.methods import MEAN_POOL_CHUNK_BYTES, SequencePoolingMethod
+from embedcli.pooling.methods import MEAN_POOL_CHUNK_BYTES, Partial, SequencePoolingMethod
 
 # sentence-transformers' mode names, in the order its legacy `pooling_mode_*` booleans concatenate.
 ST_POOLING_MODES: tuple[str, ...] = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -115,8 +115,16 @@ class SentenceTransformerPool(SequencePoolingMethod):
             return torch.zeros(len(cursor), dtype=torch.long)
         return torch.as_tensor(lens, dtype=torch.long)
 
-    def accumulate(self, hidden_states: torch.Tensor, cursor: PoolingCursor, skip: torch.Tensor) -> SegmentAccumulator:
-        """Partial results of this forward's tokens, to `merge` with earlier slices and `finish`."""
+    def accumulate(
+        self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor, skip: torch.Tensor | None = None
+    ) -> SegmentAccumulator:
+        """Partial results of this forward's tokens, to `merge` with earlier slices and `finish`.
+
+        `skip` (leading tokens left out per sequence) defaults to `self.skip(metadata)`.
+        """
+        cursor = metadata.cursor if isinstance(metadata, PoolingMetadata) else metadata
+        if skip is None:
+            skip = self.skip(metadata)
         n, h, device = len(cursor), hidden_states.shape[-1], hidden_states.device
         modes = set(self.modes)
         acc = SegmentAccumulator()
@@ -171,8 +179,9 @@ class SentenceTransformerPool(SequencePoolingMethod):
             at = (p == prompt_lens[s] - 1) & (skip[s] < prompt_lens[s])
             acc.last[s[at]] = x[at]
 
-    def finish(self, acc: SegmentAccumulator) -> torch.Tensor:
+    def finish(self, acc: Partial, cursor: PoolingCursor | None = None) -> torch.Tensor:
         """The pooled `[n, len(modes) * hidden]` vectors from a complete accumulator."""
+        assert isinstance(acc, SegmentAccumulator)
         out: list[torch.Tensor] = []
         for mode in self.modes:
             if mode == "cls":
@@ -193,8 +202,8 @@ class SentenceTransformerPool(SequencePoolingMethod):
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> torch.Tensor:
         cursor = metadata.cursor if isinstance(metadata, PoolingMetadata) else metadata
         if cursor.is_partial_prefill():
-            raise RuntimeError("a partial prefill is pooled through accumulate/merge/finish (embedcli.prefill)")
-        return self.finish(self.accumulate(hidden_states, cursor, self.skip(metadata)))
+            raise RuntimeError("a partial prefill is pooled through accumulate/merge/finish (SequencePooler.pool_slices)")
+        return self.finish(self.accumulate(hidden_states, metadata))
 
 
 def parse_pooling_type(pooling_type: str) -> tuple[str, ...]:
