@@ -16,6 +16,10 @@ Mirrored shapes (vllm-project/vllm; the `entrypoints/pooling/` layout, before th
 - `/classify`: `input`, `use_activation` — pooling/classify/protocol.py @ dff4cad3;
 - `/pooling`: `input`, `task`, `dimensions`, `normalize`/`use_activation`, encoding fields —
   pooling/pooling/protocol.py @ 343bacaf.
+A SPLADE model (`ServedModel.sparse`) is served as vLLM serves `BertSpladeSparseEmbeddingModel`, whose one
+sequence task is `embed`: `/pooling` (task `embed` or none) and `/v1/embeddings` give its sparse vectors
+(`normalize: true` and `dimensions` are bad lines: the vectors are neither normalized nor Matryoshka);
+`/v2/embed` is a bad line (Cohere's types do not apply to a vocabulary-sized sparse vector).
 Unknown body fields are ignored (vLLM's `OpenAIBaseModel` logs and drops them); fields vLLM accepts but
 embedcli cannot honour (chat `messages`, multimodal inputs, `add_special_tokens: false`, bf16/fp8
 `embed_dtype`) make the line bad rather than silently giving other numbers. Types are checked strictly
