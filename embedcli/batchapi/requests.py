@@ -16,6 +16,10 @@ Mirrored shapes (vllm-project/vllm; the `entrypoints/pooling/` layout, before th
 - `/classify`: `input`, `use_activation` — pooling/classify/protocol.py @ dff4cad3;
 - `/pooling`: `input`, `task`, `dimensions`, `normalize`/`use_activation`, encoding fields —
   pooling/pooling/protocol.py @ 343bacaf.
+A SPLADE model (`ServedModel.sparse`) is served as vLLM serves `BertSpladeSparseEmbeddingModel`, whose one
+sequence task is `embed`: `/pooling` (task `embed` or none) and `/v1/embeddings` give its sparse vectors
+(`normalize: true` and `dimensions` are bad lines: the vectors are neither normalized nor Matryoshka);
+`/v2/embed` is a bad line (Cohere's types do not apply to a vocabulary-sized sparse vector).
 Unknown body fields are ignored (vLLM's `OpenAIBaseModel` logs and drops them); fields vLLM accepts but
 embedcli cannot honour (chat `messages`, multimodal inputs, `add_special_tokens: false`, bf16/fp8
 `embed_dtype`) make the line bad rather than silently giving other numbers. Types are checked strictly
@@ -29,7 +33,7 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from embedcli.batchapi.served import ServedModel
+from embedcli.batchapi.served import SPARSE_TASK, ServedModel
 
 Route = Literal["embeddings", "cohere_embed", "score", "rerank", "classify", "pooling"]
 ROUTES: dict[str, Route] = {
@@ -383,7 +387,22 @@ def _check_special_tokens(body: _Body) -> None:
 # -- routes -------------------------------------------------------------------------------------------
 
 
+def _sparse_units(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
+    """A SPLADE model's `embed` (vLLM's task for `BertSpladeSparseEmbeddingModel`): its sparse vectors."""
+    inputs = _completion_inputs(body)
+    _check_special_tokens(body)
+    tokens, side = _truncation(body, model)
+    if _use_activation(body, "normalize"):
+        raise BadRequest(f"body.{'normalize' if body.has('normalize') else 'use_activation'}",
+                         "SPLADE vectors are not normalized; send false or leave it out")
+    _dimensions(body, model)  # a SPLADE model has no Matryoshka sizes: a bad line
+    params = UnitParams(None, None, tokens, side)
+    return tuple(Unit(SPARSE_TASK, x, params) for x in inputs), ResponseOptions(**_encoding(body))
+
+
 def _embeddings(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
+    if model.sparse:
+        return _sparse_units(body, model)
     _require_task(model, "embed", "Embeddings")
     inputs = _completion_inputs(body)
     _check_special_tokens(body)
@@ -393,6 +412,9 @@ def _embeddings(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Resp
 
 
 def _cohere_embed(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
+    if model.sparse:
+        raise BadRequest("url", "a SPLADE model's vectors are vocabulary-sized and sparse: Cohere's embedding "
+                                "types do not apply; send /pooling or /v1/embeddings (or use embedcli sparse-embed)")
     _require_task(model, "embed", "Embeddings")
     for name in ("images", "inputs"):
         if body.has(name):
@@ -497,6 +519,10 @@ def _classify(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Respon
 
 def _pooling(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
     task = body.data.get("task")
+    if model.sparse:
+        if task not in (None, "embed"):
+            raise BadRequest("body.task", f"Unsupported task: {task!r} (a SPLADE model serves embed)")
+        return _sparse_units(body, model)
     if task is None:
         task = next((t for t in _DEFAULT_TASK_ORDER if t in model.tasks), None)
         if task is None:

@@ -19,6 +19,11 @@ as `null` (vLLM serves `model_dump()` and `run_batch` writes `model_dump_json()`
   id2label[argmax], null without a mapping) — pooling/classify/protocol.py @ dff4cad3;
 - `/pooling`: `PoolingResponse` (`data: [{"index", "object": "pooling", "data"}]`, a vector, a per-token
   matrix, or base64) — pooling/pooling/protocol.py @ 343bacaf;
+- a SPLADE model's vectors (`/pooling`, `/v1/embeddings`): the dense vocabulary-sized list, zeros off the
+  non-zero entries, as vLLM's `BertSpladeSparseEmbeddingModel` answers its `embed` task (its
+  `SPLADESparsePooler` returns a `[vocab]` tensor, model_executor/models/bert.py) and as `PoolingResponse`
+  types `data` (a list of floats or base64): clients parse it unchanged. The non-zero entries are
+  `sparse-embed`'s indices and values; `sparse-embed` is the compact output for corpora;
 - `/v2/embed`: `CohereEmbedResponse` `{"id", "embeddings": {type: [...]}, "texts", "meta": {"api_version":
   {"version": "2"}, "billed_units": {"input_tokens"}}, "response_type": "embeddings_by_type"}` with None
   fields left out — pooling/embed/cohere_protocol.py @ b76dd598 (Cohere's documented shape).
@@ -137,6 +142,18 @@ def _score(value: Any) -> float | None:
     return x if math.isfinite(x) else None  # pydantic writes inf/nan as null
 
 
+def _dense(value: Any, ctx: ResponseContext) -> Any:
+    """A sparse `(indices, values)` result as the vocabulary-sized vector vLLM's SPLADE `embed` returns."""
+    if not isinstance(value, tuple):
+        return value
+    indices, values = value
+    size = ctx.model.embedding_size
+    assert size is not None  # a SPLADE model's embedding size is its vocabulary
+    vector = np.zeros(size, dtype=np.float32)
+    vector[np.asarray(indices, dtype=np.int64)] = np.asarray(values, dtype=np.float32)
+    return vector
+
+
 def _encoded(value: Any, options: ResponseOptions) -> Any:
     if options.encoding_format == "base64":
         return encode_base64(value, options.embed_dtype, options.endianness)
@@ -158,7 +175,7 @@ def _list_body(results: Sequence[UnitResult], ctx: ResponseContext, body_id: str
 def _embeddings(request: BatchRequest, results: Sequence[UnitResult], ctx: ResponseContext,
                 body_id: str) -> dict[str, Any]:
     data = [
-        {"index": i, "object": "embedding", "embedding": _encoded(r.value, request.options)}
+        {"index": i, "object": "embedding", "embedding": _encoded(_dense(r.value, ctx), request.options)}
         for i, r in enumerate(results)
     ]
     return _list_body(results, ctx, body_id, data)
@@ -167,7 +184,7 @@ def _embeddings(request: BatchRequest, results: Sequence[UnitResult], ctx: Respo
 def _pooling(request: BatchRequest, results: Sequence[UnitResult], ctx: ResponseContext,
              body_id: str) -> dict[str, Any]:
     data = [
-        {"index": i, "object": "pooling", "data": _encoded(r.value, request.options)}
+        {"index": i, "object": "pooling", "data": _encoded(_dense(r.value, ctx), request.options)}
         for i, r in enumerate(results)
     ]
     return _list_body(results, ctx, body_id, data)

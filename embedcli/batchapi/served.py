@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-SCORE_METHODS: tuple[str, ...] = ("cross-encoder", "cosine", "maxsim")
+SCORE_METHODS: tuple[str, ...] = ("cross-encoder", "cosine", "maxsim", "sparse")
+# The task of a SPLADE model: served as vLLM serves `BertSpladeSparseEmbeddingModel`, under `embed` (see requests).
+SPARSE_TASK = "sparse_embed"
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,6 +26,11 @@ class ServedModel:
     score_method: str | None = None  # how /score and /rerank score a pair; None: the model cannot score
 
     @property
+    def sparse(self) -> bool:
+        """Whether the model gives SPLADE vectors (vocabulary-sized; `embedding_size` is the vocabulary)."""
+        return SPARSE_TASK in self.tasks
+
+    @property
     def name(self) -> str:
         """The name responses carry in `model` (the first of `names`)."""
         return self.names[0]
@@ -37,7 +44,7 @@ class ServedModel:
         """What an `embedcli.models.spec.ModelSpec` serves; `names`: more names `body.model` may give (the
         `-m` value); `score_method`: `--method` as resolved, else the model's own (vLLM's score type)."""
         if score_method is None:
-            score_method = {"cross-encoder": "cross-encoder", "bi-encoder": "cosine"}.get(spec.score_type or "")
+            score_method = {"cross-encoder": "cross-encoder", "bi-encoder": "cosine", "sparse": "sparse"}.get(spec.score_type or "")
         return cls(
             names=tuple(dict.fromkeys((spec.name, *names))),
             tasks=frozenset(spec.tasks),

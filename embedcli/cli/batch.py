@@ -7,6 +7,13 @@ from typing import Literal
 import typer
 
 from embedcli.cli.app import app, run
+from embedcli.cli.families import (
+    OPT_CLASSIFIER_TOKENS,
+    OPT_INSTRUCTION,
+    OPT_PAIR_TEMPLATE,
+    OPT_PRESET,
+    reranker_flags,
+)
 from embedcli.cli.options import (
     INPUT,
     OPT_DEVICE,
@@ -50,10 +57,14 @@ def run_batch(
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
     quantize: bool = OPT_EMBED_QUANTIZE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     calibration: str | None = typer.Option(
         None, "--calibration", envvar=env("calibration"), rich_help_panel=OUTPUT,
         help="/v2/embed int8/uint8: ranges from this file (as embed --calibration) instead of each request's "
@@ -79,7 +90,8 @@ def run_batch(
     run(
         lambda: run_batch_task(
             requests,
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, quantize),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, quantize,
+                        reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset)),
             BatchOptions(method=method, max_batch_tokens=max_batch_tokens, truncation_side=truncation_side,
                          calibration=calibration),
             OutputOptions(output, None, quiet, stats),

@@ -13,7 +13,13 @@ config and the line number, so a resumed run writes the same bytes as an uninter
 
 What each route computes (vLLM's semantics; whitespace is kept, as vLLM does): `/v1/embeddings`,
 `/classify` and `/pooling` apply no prompt; `/v2/embed` prepends its `input_type`'s prompt; `/score` and
-`/rerank` score pairs as `embedcli score` / `rerank` do with the model's method (`--method`). An input
+`/rerank` score pairs as `embedcli score` / `rerank` do with the model's method (`--method`): an LLM
+reranker's pair is its template or chat template rendered with the document cut to keep the suffix (the
+reranker flags `--classifier-from-tokens`, `--pair-template`, `--instruction`, `--reranker-preset` are
+`score`'s), a SPLADE model's is the sparse dot product. A SPLADE model serves `/pooling` (task `embed`, or
+none) and `/v1/embeddings` as vLLM serves `BertSpladeSparseEmbeddingModel`: the vocabulary-sized vector,
+zeros off `sparse-embed`'s indices; its numbers are sentence-transformers' (every token pooled, [CLS] and
+[SEP] included, where vLLM's pooler leaves those two out); `/v2/embed` is a 400 line. An input
 longer than the model's max length (or `truncate_prompt_tokens`) is cut, as embedcli's default
 `--long-inputs truncate` (vLLM answers 400 without `truncate_prompt_tokens`).
 """
@@ -60,7 +66,7 @@ from embedcli.tasks.common import (
 from embedcli.tasks.pairs import resolve_method
 
 RESPONSE_COL = "response"
-_POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
+_POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify", "sparse_embed")
 
 
 @dataclass(frozen=True)

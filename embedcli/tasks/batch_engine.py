@@ -21,6 +21,7 @@ from embedcli.batchapi import Chunk, Unit, UnitParams, UnitResult
 from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.runner import Encoded, Runner, RunnerOptions, RunStats, prefetch
 from embedcli.engines.ray_engine import RayRunner, require_ray
+from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.loader import LoadedModel
 from embedcli.scoring import PairScorer
 from embedcli.tasks.pairs import PAIR_TASK
@@ -62,6 +63,7 @@ class UnitEngine:
         self.stats = RunStats()
         self.max_length = int(base.max_length or model.spec.max_length)
         self._runners: dict[tuple[str, UnitParams], Runner] = {}
+        self._pair_formats: dict[int, Any] = {}
 
     # -- runners -------------------------------------------------------------------------------------
     def runner(self, task: str, params: UnitParams) -> Runner:
@@ -79,11 +81,18 @@ class UnitEngine:
             truncation_side=params.truncation_side or self.base.truncation_side,  # type: ignore[arg-type]
         )
         runner = Runner(self.model, options)
-        if not embeds and params.use_activation is not None:
+        if task in ("classify", "token_classify") and params.use_activation is not None:
             runner.params.use_activation = params.use_activation  # the classifier's activation, per request
         runner.stats = self.stats
         self._runners[key] = runner
         return runner
+
+    def _pair_format(self, runner: Runner) -> Any:
+        """`render(query, document)` of an LLM reranker at the runner's max length (made once), else None."""
+        key = runner.max_length
+        if key not in self._pair_formats:
+            self._pair_formats[key] = pair_formatter(self.model, runner.max_length)
+        return self._pair_formats[key]
 
     def _encode(self, runner: Runner, inputs: Sequence[Any]) -> Encoded:
         """Texts (and pairs) tokenized by the runner; token-id inputs taken as they are, cut to its max length."""
@@ -119,7 +128,8 @@ class UnitEngine:
                 method = self.score_method
                 assert method is not None  # requests were refused when the model cannot score
                 runner = self.runner(PAIR_TASK[method], params)
-                scorer = PairScorer(runner, method, self.prompts)
+                # An LLM reranker's pair is one templated prompt, cut on the document side as `score` cuts it.
+                scorer = PairScorer(runner, method, self.prompts, pair_format=self._pair_format(runner))
                 pairs = [units[i].input for i in positions]
                 inputs = scorer.pair_inputs([p[0] for p in pairs], [p[1] for p in pairs])  # type: ignore[index]
                 groups.append(_Group(task, positions, runner, self._encode(runner, inputs), scorer))

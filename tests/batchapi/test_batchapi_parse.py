@@ -362,3 +362,13 @@ def test_served_model_from_a_classifier_spec(num_labels: int, method: str | None
     assert served.tasks == {"classify"} and served.score_method == method
     assert dict(served.id2label) == dict(enumerate(labels))
     assert served.embedding_size == 16  # no pooled embedding size: the hidden size
+
+
+@pytest.mark.parametrize(("head", "method", "sparse"), [("sparse", "sparse", True), ("lm_score", "cross-encoder", False)])
+def test_served_model_from_issue_17_family_specs(head: str, method: str, sparse: bool) -> None:
+    served = ServedModel.from_spec(_spec(head=head, embedding_size=30, is_decoder=head == "lm_score"))
+    assert served.score_method == method and served.sparse is sparse
+    if sparse:  # the vocabulary-sized vector of /pooling and /v1/embeddings
+        assert served.tasks == {"sparse_embed"} and served.embedding_size == 30
+        (request,) = parse_lines([line("/pooling", {"input": ["a", "b"]})], served)
+        assert isinstance(request, BatchRequest) and [u.task for u in request.units] == ["sparse_embed"] * 2
