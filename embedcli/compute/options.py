@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from embedcli.errors import UsageError
+
 LongInputs = Literal["truncate", "error", "chunk"]
 
 
@@ -26,6 +28,11 @@ class RunnerOptions:
     chunked_prefill: bool = True
     # Token tasks: results carry each row's token ids too (`TokenRows`), for dropping special tokens.
     with_token_ids: bool = False
+
+    def __post_init__(self) -> None:
+        # Checked here, before the output's width is planned from it (a negative width is no usage error).
+        if self.dimensions is not None and self.dimensions < 1:
+            raise UsageError(f"--dimensions {self.dimensions}: must be at least 1 (or leave it out for the full size)")
 
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from embedcli.errors import UsageError
 from embedcli.io.errors import STDIN, OutputError, OutputFormatError
 
 __all__ = ["LINES", "OUTPUT_FORMATS", "output_format"]
@@ -37,7 +38,7 @@ def output_format(path: str, fmt: str | None = None, *, reading: bool = False) -
         if name == LINES:
             return name
         if name not in OUTPUT_FORMATS:
-            raise ValueError(f"unknown output format {fmt!r}; choose one of: {', '.join(OUTPUT_FORMATS)}")
+            raise UsageError(f"--output-format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if path == STDIN and name != "jsonl":
             raise OutputError(
                 path,

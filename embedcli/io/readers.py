@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from glob import glob
 
+from embedcli.errors import UsageError
 from embedcli.io.delimited_reader import read_delimited
 from embedcli.io.errors import STDIN, InputError, printable
 from embedcli.io.fingerprint import input_fingerprint, input_fingerprints, rereadable
@@ -54,7 +55,7 @@ def normalize_format(fmt: str) -> str:
     name = fmt.strip().lower().lstrip(".")
     name = _ALIASES.get(name, name)
     if name not in FORMATS:
-        raise ValueError(f"unknown input format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+        raise UsageError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     return name
 
 

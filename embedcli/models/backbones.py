@@ -35,9 +35,6 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
 }
 
-BACKBONE_CHOICES = ("auto", "own", "transformers")
-
-
 def has_own_backbone(model_type: str) -> bool:
     """Whether embedcli implements this model type itself."""
     return model_type in FAMILIES

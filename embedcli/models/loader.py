@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint
-from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
-from embedcli.models.options import ModelOptions
+from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint, UsageError
+from embedcli.models.backbones import has_own_backbone, load_own_backbone
+from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.precision import (
     cpu_has_native_bf16,
@@ -47,7 +47,7 @@ def resolve_device(device: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelConfigError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        raise UsageError(f"--device {device}: CUDA is not available on this machine; use --device cpu or auto")
     return dev
 
 
@@ -64,7 +64,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise ModelConfigError(f"--dtype {dtype!r}: choose one of auto, {', '.join(DTYPES)}") from None
+        raise UsageError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}") from None
 
 
 def _load_dense(folder: Path, dense: DenseSpec) -> nn.Module:
@@ -140,9 +140,15 @@ class LoadedModel:
 
     def __init__(self, spec: ModelSpec, options: ModelOptions | None = None) -> None:
         options = options or ModelOptions()
+        check_model_flags(options)  # the options may have been changed since they were made
         self.spec = spec
         self.options = options
         self.device = resolve_device(options.device)
+        if options.quantize and self.device.type != "cpu":
+            raise UsageError(
+                f"--quantize (int8 dynamic) runs on the CPU; --device {options.device} chose {self.device.type}: "
+                "pass --device cpu or drop --quantize"
+            )
         # int8 dynamic quantization runs on float32 weights; `auto` must not pick bf16 under it.
         quantized_auto = options.quantize and options.dtype == "auto"
         self.dtype = torch.float32 if quantized_auto else resolve_dtype(options.dtype, self.device)
@@ -178,8 +184,6 @@ class LoadedModel:
     def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
         """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""
         choice = self.options.backbone
-        if choice not in BACKBONE_CHOICES:
-            raise ModelConfigError(f"backbone {choice!r} (EMBEDCLI_BACKBONE): choose one of {', '.join(BACKBONE_CHOICES)}")
         if choice == "transformers" or (choice == "auto" and not has_own_backbone(self.spec.model_type)):
             return None
         try:
@@ -190,9 +194,7 @@ class LoadedModel:
                     f"{self.spec.path}: embedcli's own backbone cannot run this model: {e} (EMBEDCLI_BACKBONE=own)"
                 ) from e
             return None
-        if self.options.quantize:
-            if self.device.type != "cpu" or self.dtype != torch.float32:
-                raise ModelConfigError("--quantize (int8 dynamic) runs on CPU with --dtype float32 only")
+        if self.options.quantize:  # on the CPU in float32: checked in __init__ and by ModelOptions
             model = quantize_linear_int8(model)
         return model, classifier
 
@@ -254,8 +256,6 @@ class LoadedModel:
             raise ModelConfigError(f"{spec.path}: the model weights could not be loaded: {e}") from e
         model = model.to(self.device).eval()
         if self.options.quantize:
-            if self.device.type != "cpu" or self.dtype != torch.float32:
-                raise ModelConfigError("--quantize (int8 dynamic) runs on CPU with --dtype float32 only")
             model = quantize_linear_int8(model)
         classifier: nn.Module | None = None
         if spec.head == "base":

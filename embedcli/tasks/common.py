@@ -47,11 +47,8 @@ class ModelChoice:
     reranker: RerankerFlags | None = None  # a causal LM as a yes/no reranker (--classifier-from-tokens, ...)
 
     def options(self, **task_options: Any) -> ModelOptions:
-        """The load options, with a task's (activation, calibration, step tag)."""
-        if self.quantize and (self.dtype not in ("auto", "float32") or self.device.startswith("cuda")):
-            raise UsageError(
-                "--quantize (int8 dynamic) runs on the CPU in float32: drop --dtype/--device or --quantize"
-            )
+        """The load options, with a task's (activation, calibration, step tag); refused flag values are
+        usage errors here (`ModelOptions` checks them)."""
         return ModelOptions(
             device=self.device,
             dtype=self.dtype,
@@ -113,7 +110,8 @@ def calibration(spec: ModelSpec, logit_mean: float | None = None, logit_sigma: f
                 raise UsageError(f"{spec.path}/config.json: logit_scale 0 cannot calibrate logits")
             sigma = 1.0 / float(scale)
     if sigma is not None and float(sigma) == 0:
-        raise UsageError("logit_sigma must be non-zero (it divides the logits)")
+        where = "--logit-sigma" if logit_sigma is not None else f"{spec.path}/config.json: logit_sigma"
+        raise UsageError(f"{where} {sigma}: must be non-zero (it divides the logits)")
     return (None if mean is None else float(mean)), (None if sigma is None else float(sigma))
 
 

@@ -225,7 +225,7 @@ def test_detect_format() -> None:
     assert detect_format("a.csv.gz") == "csv"
     assert detect_format("-") == "jsonl"
     assert detect_format("a.weird", "ndjson") == "jsonl"
-    with pytest.raises(ValueError, match="unknown input format"):
+    with pytest.raises(ValueError, match="--format"):
         detect_format("a.jsonl", "xml")
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from embedcli.compute.runner import Runner, RunnerOptions
+from embedcli.errors import UsageError
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import ModelConfigError, load_model_spec
 from tests.fixtures.tiny_models import (
@@ -218,7 +219,7 @@ def test_unsupported_config_falls_back_to_transformers(tiny_model, tmp_path) -> 
 
 
 def test_unknown_backbone_choice_is_refused(tiny_model) -> None:
-    with pytest.raises(ModelConfigError, match="choose one of auto, own, transformers"):
+    with pytest.raises(UsageError, match="EMBEDCLI_BACKBONE 'onnx': choose one of auto, own, transformers"):
         _load(tiny_model("bert"), "onnx")
 
 
