@@ -82,6 +82,8 @@ class ReadSpec:
 
     def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:
         """Fix the run's id type to a whole input's `t` (InputError when an earlier input's differs)."""
+        if self.id_type is not None and is_string_type(self.id_type) and pa.types.is_integer(t):
+            return  # integer ids in a run of string ids: written as their string form
         if self.id_type is not None and not self.id_type.equals(t):
             raise InputError(
                 path,
@@ -196,7 +198,11 @@ class BatchBuilder:
     def _typed(self, batch: InputBatch, raw_ids: list[Any]) -> InputBatch:
         """Check ids and kept values against the run's types (fixing them on first sight); drop conflicting rows."""
         bad: set[int] = set()
-        self.spec.id_type = self._check_type(batch, raw_ids, self.spec.id_type, f"id field {self.spec.id_col!r}", bad)
+        # A string id column holds any id as its string form (an integer id among strings is kept, as "7");
+        # an integer one holds integers only.
+        run_type = self.spec.id_type or _first_type(raw_ids)
+        values = batch.ids if run_type is not None and is_string_type(run_type) else raw_ids
+        self.spec.id_type = self._check_type(batch, values, self.spec.id_type, f"id field {self.spec.id_col!r}", bad)
         for col in self.spec.keep_cols:
             t = self._check_type(batch, batch.columns[col], self.spec.kept_types.get(col), f"kept field {col!r}", bad)
             if t is not None:
@@ -307,6 +313,11 @@ def type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), type(value).__name__
     )
+
+
+def is_string_type(t: pa.DataType) -> bool:
+    """Whether `t` is one of Arrow's string types."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
 def _fits(value: Any, t: pa.DataType | None) -> bool:

@@ -47,23 +47,30 @@ def test_parquet_id_column_keeps_the_file_type(cli, st_model: Path, tmp_path: Pa
     assert got.column("id").to_pylist() == ids.to_pylist()
 
 
-@pytest.mark.parametrize(
-    ("first", "other", "line"),
-    [(1, "x", 1501), ("x", 1, 1501)],
-)
-def test_jsonl_id_changing_type_is_a_bad_row(cli, st_model: Path, tmp_path: Path, first, other, line) -> None:
-    rows = [{"id": first if isinstance(first, str) else i, "text": f"text {i}"} for i in range(N)]
-    rows = [{**r, "id": f"{first}{i}"} if isinstance(first, str) else r for i, r in enumerate(rows)]
-    rows[line - 1]["id"] = other
+@pytest.mark.parametrize("line", [1, 1501])  # in the batch that fixes the type, and in a later one
+def test_jsonl_string_id_among_integers_is_a_bad_row(cli, st_model: Path, tmp_path: Path, line: int) -> None:
+    rows = [{"id": i, "text": f"text {i}"} for i in range(N)]
+    rows[line]["id"] = "x"  # the record on line `line + 1`
     src = _jsonl(tmp_path / "in.jsonl", rows)
     out, errors = tmp_path / "out.parquet", tmp_path / "errors.jsonl"
     r = cli("embed", src, "-m", st_model, "-o", out, "-q", "--on-error", "skip", "--errors-file", errors, code=3)
     assert "Traceback" not in r.stderr
     bad = [json.loads(x) for x in errors.read_text().splitlines()]
-    assert [e["location"] for e in bad] == [f"line {line}"] and "id field 'id'" in bad[0]["reason"]
+    assert [e["location"] for e in bad] == [f"line {line + 1}"] and "id field 'id' is str" in bad[0]["reason"]
     got = pq.read_table(out)
-    assert got.num_rows == N - 1
-    assert got.schema.field("id").type == (pa.int64() if isinstance(first, int) else pa.string())
+    assert got.num_rows == N - 1 and got.schema.field("id").type == pa.int64()
+    assert "x" not in got.column("id").to_pylist()
+
+
+def test_jsonl_integer_id_among_strings_is_kept_as_its_string(cli, st_model: Path, tmp_path: Path) -> None:
+    # A string id column can hold any id: the integer is written as its digits (no bad row, as before).
+    rows = [{"id": f"r{i}", "text": f"text {i}"} for i in range(N)]
+    rows[1500]["id"] = 7
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    cli("embed", src, "-m", st_model, "-o", out, "-q")
+    got = pq.read_table(out)
+    assert got.schema.field("id").type == pa.string() and got.column("id").to_pylist()[1500] == "7"
 
 
 def test_csv_and_default_ids_stay_strings(cli, st_model: Path, tmp_path: Path) -> None:
@@ -86,6 +93,11 @@ def test_inputs_with_different_id_types_are_refused_by_name(cli, st_model: Path,
     r = cli("embed", a, b, "-m", st_model, "-o", tmp_path / "out.parquet", "-q", code=None)
     assert r.exit_code != 0 and "Traceback" not in r.stderr
     assert "b.csv" in r.stderr and "int64 in an earlier input" in r.stderr
+    # The other order is a string run: the integer ids are written as strings.
+    out = tmp_path / "both.parquet"
+    cli("embed", b, a, "-m", st_model, "-o", out, "-q")
+    got = pq.read_table(out)
+    assert got.schema.field("id").type == pa.string() and got.column("id").to_pylist() == ["2", "1"]
 
 
 def test_zero_row_output_has_the_parquet_id_type(cli, st_model: Path, tmp_path: Path) -> None:
