@@ -115,6 +115,9 @@ def test_incremental_rerun_over_int_ids_carries_rows_over(cli, st_model: Path, t
     out = tmp_path / "out.parquet"
     cli("embed", src, "-m", st_model, "-o", out, "-q")
     before = pq.read_table(out)
+    same = tmp_path / "same.parquet"  # every row carried over: the ids come from the input, not the old output
+    cli("embed", src, "-m", st_model, "-o", same, "-q", "--incremental", "--previous", out)
+    assert pq.read_table(same).schema.field("id").type == pa.int64()
     rows[3]["text"] = "changed"
     _jsonl(src, rows)
     stats, again = tmp_path / "stats.json", tmp_path / "again.parquet"
@@ -125,3 +128,12 @@ def test_incremental_rerun_over_int_ids_carries_rows_over(cli, st_model: Path, t
     assert s["carried_rows"] == 39 and s["computed_rows"] == 1, s
     same = [i for i in range(40) if i != 3]
     assert after.take(same).column("embedding").equals(before.take(same).column("embedding"))
+
+
+@pytest.mark.parametrize("command", ["rerank", "token-embed"])
+def test_other_commands_keep_int_ids(cli, st_model: Path, tmp_path: Path, command: str) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", [{"id": 5 + i, "text": f"text {i}"} for i in range(4)])
+    out = tmp_path / "out.parquet"
+    cli(command, src, "-m", st_model, "-o", out, "-q", *(("--query", "text 2") if command == "rerank" else ()))
+    got = pq.read_table(out)
+    assert got.schema.field("id").type == pa.int64() and sorted(got.column("id").to_pylist()) == [5, 6, 7, 8]
