@@ -98,6 +98,10 @@ def test_inputs_with_different_id_types_are_refused_by_name(cli, st_model: Path,
     cli("embed", b, a, "-m", st_model, "-o", out, "-q")
     got = pq.read_table(out)
     assert got.schema.field("id").type == pa.string() and got.column("id").to_pylist() == ["2", "1"]
+    c = tmp_path / "c.parquet"  # a Parquet int id column in a string run: written as strings too
+    pq.write_table(pa.table({"id": pa.array([3], pa.int32()), "text": ["three"]}), c)
+    cli("embed", b, c, "-m", st_model, "-o", out, "-q", "--overwrite")
+    assert pq.read_table(out).column("id").to_pylist() == ["2", "3"]
 
 
 def test_zero_row_output_has_the_parquet_id_type(cli, st_model: Path, tmp_path: Path) -> None:
