@@ -200,9 +200,12 @@ class BatchBuilder:
         bad: set[int] = set()
         # A string id column holds any id as its string form (an integer id among strings is kept, as "7");
         # an integer one holds integers only.
-        run_type = self.spec.id_type or _first_type(raw_ids)
-        values = batch.ids if run_type is not None and is_string_type(run_type) else raw_ids
-        self.spec.id_type = self._check_type(batch, values, self.spec.id_type, f"id field {self.spec.id_col!r}", bad)
+        # An integer past int64 counts as its digits: only a string column holds it (as main always did).
+        typed = [str(v) if _past_int64(v) else v for v in raw_ids]
+        run_type = self.spec.id_type or _first_type(typed)
+        values = batch.ids if run_type is not None and is_string_type(run_type) else typed
+        field_name = f"id field {self.spec.id_col!r}"
+        self.spec.id_type = self._check_type(batch, values, self.spec.id_type, field_name, bad, shown=raw_ids)
         for col in self.spec.keep_cols:
             t = self._check_type(batch, batch.columns[col], self.spec.kept_types.get(col), f"kept field {col!r}", bad)
             if t is not None:
@@ -220,10 +223,16 @@ class BatchBuilder:
         )
 
     def _check_type(
-        self, batch: InputBatch, values: Sequence[Any], known: pa.DataType | None, field_name: str, bad: set[int]
+        self,
+        batch: InputBatch,
+        values: Sequence[Any],
+        known: pa.DataType | None,
+        field_name: str,
+        bad: set[int],
+        shown: Sequence[Any] | None = None,
     ) -> pa.DataType | None:
         """The run's type of a field after this batch (`known`, else the first value's); each row whose value
-        does not fit it is reported as a bad row and added to `bad`."""
+        does not fit it is reported as a bad row (naming its value in `shown`, default `values`) and added to `bad`."""
         try:
             arr = pa.array(values, type=known)
         except (pa.ArrowException, OverflowError, TypeError, ValueError):
@@ -238,7 +247,7 @@ class BatchBuilder:
                 self.spec.bad(
                     InputError(
                         self.source,
-                        f"{field_name} is {type_name(v)}, but the column is {ref} in earlier rows",
+                        f"{field_name} is {_kind((shown or values)[j])}, but the column is {ref} in earlier rows",
                         location=batch.locations[j],
                         record_id=batch.ids[j],
                         fix="give the field one type in every record",
@@ -313,6 +322,14 @@ def type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), type(value).__name__
     )
+
+
+def _past_int64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < (1 << 63)
+
+
+def _kind(value: Any) -> str:
+    return "an integer past 64 bits" if _past_int64(value) else type_name(value)
 
 
 def is_string_type(t: pa.DataType) -> bool:

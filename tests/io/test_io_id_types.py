@@ -141,3 +141,22 @@ def test_other_commands_keep_int_ids(cli, st_model: Path, tmp_path: Path, comman
     cli(command, src, "-m", st_model, "-o", out, "-q", *(("--query", "text 2") if command == "rerank" else ()))
     got = pq.read_table(out)
     assert got.schema.field("id").type == pa.int64() and sorted(got.column("id").to_pylist()) == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize(
+    ("ids", "kept", "id_type", "bad"),
+    [
+        ([2**70, 1], ["1180591620717411303424", "1"], pa.string(), []),  # past int64 first: a string run
+        ([1, 2**70], ["1"], pa.int64(), ["line 2"]),  # past int64 in an int64 run: a bad row, named
+    ],
+)
+def test_jsonl_integer_ids_past_64_bits(tmp_path: Path, ids: list, kept: list, id_type, bad: list) -> None:
+    from embedcli.io.readers import read_inputs
+
+    src = _jsonl(tmp_path / "in.jsonl", [{"id": i, "text": "t"} for i in ids])
+    errors: list = []
+    batches = list(read_inputs([str(src)], on_bad_row=errors.append))
+    assert [b.id_array().type for b in batches] == [id_type]
+    assert batches[0].id_array().to_pylist() == ([int(k) for k in kept] if id_type == pa.int64() else kept)
+    assert [e.location for e in errors] == bad
+    assert all("past 64 bits" in e.reason for e in errors)
