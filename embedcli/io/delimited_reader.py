@@ -6,6 +6,8 @@ import csv
 from collections import deque
 from collections.abc import Iterator
 
+import pyarrow as pa
+
 from embedcli.io.errors import InputError
 from embedcli.io.reader_base import (
     MAX_TEXT_CHARS,
@@ -160,6 +162,8 @@ def read_delimited(path: str, spec: ReadSpec, prefix: str, fmt: str) -> Iterator
                 header = row
                 records.width = len(header)
                 cols = _header_indices(path, header, spec)
+                # CSV/TSV fields have no types: ids stay strings, as written.
+                spec.fix_id_type(path, pa.string(), f"{fmt.upper()} fields are strings")
                 continue
             if bad is not None:
                 err = utf8_error(path, bad, bad_lines[bad])

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+
 from embedcli.io.errors import InputError
 from embedcli.io.fingerprint import rereadable
 from embedcli.io.reader_base import (
@@ -134,6 +136,8 @@ def read_jsonl(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
                 id_key = _check_jsonl_fields(path, loc, rec, spec)
                 if id_key is None and rereadable(path) and _any_record_has(path, spec.id_col):
                     id_key = spec.id_col  # a later record has ids: every record must have one
+                if id_key is None:
+                    spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} field: ids are file:line")
             if id_key is None:
                 if spec.id_col in rec:
                     spec.bad(_late_id_error(path, loc, spec.id_col))
@@ -151,7 +155,7 @@ def read_jsonl(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
                 for c, v in zip((spec.text_col, *spec.extra_text_cols), (text, *extra), strict=True)
             ):
                 continue
-            b.add(loc, rid, text, [rec.get(c) for c in spec.keep_cols], extra)
+            b.add(loc, rid, text, [rec.get(c) for c in spec.keep_cols], extra, rec.get(id_key) if id_key else None)
             if b.full():
                 yield b.take()
     if len(b):

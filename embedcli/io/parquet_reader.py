@@ -38,6 +38,11 @@ def _is_id_type(t: pa.DataType) -> bool:
     return (_is_text_type(t) and not pa.types.is_null(base)) or pa.types.is_integer(base)
 
 
+def id_type(t: pa.DataType) -> pa.DataType:
+    """The output's id type for a Parquet id column of type `t` (a dictionary's values)."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
 def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
     return InputError(
         path,
@@ -82,6 +87,9 @@ def _check_columns(path: str, schema: pa.Schema, spec: ReadSpec) -> str | None:
         t = schema.field(id_col).type
         if not _is_id_type(t):
             raise InputError(path, f"id column {id_col!r} has type {t}; ids must be strings or integers")
+        spec.fix_id_type(path, id_type(t), f"the type of column {id_col!r}")
+    else:
+        spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} column: ids are file:row")
     for c in (spec.text_col, *spec.extra_text_cols):
         t = schema.field(c).type
         if not _is_text_type(t):

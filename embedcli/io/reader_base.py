@@ -34,6 +34,7 @@ class InputBatch:
     columns: dict[str, list[Any]] = field(default_factory=dict)
     extra_texts: dict[str, list[str | None]] = field(default_factory=dict)
     column_types: dict[str, pa.DataType] = field(default_factory=dict)
+    id_type: pa.DataType = field(default_factory=pa.string)  # of the input's ids; `ids` holds their string form
 
     def __len__(self) -> int:
         """Return the number of records in the batch."""
@@ -42,6 +43,17 @@ class InputBatch:
     def kept_arrays(self, names: Sequence[str]) -> dict[str, pa.Array]:
         """The kept columns as Arrow arrays of the run's type (a Parquet input's own, else the first seen)."""
         return kept_arrays(self.columns, names, self.column_types)
+
+    def id_array(self) -> pa.Array:
+        """The ids as an Arrow array of the input's id type."""
+        return id_array(self.ids, self.id_type)
+
+
+def id_array(ids: Sequence[str], id_type: pa.DataType | None = None) -> pa.Array:
+    """Ids (their string form) as an Arrow array of `id_type` (default string): the output's `id` column."""
+    arr = pa.array(ids, pa.string())
+    # The string form of an integer id is its decimal digits, so the cast gives back the input's value.
+    return arr if id_type is None or arr.type.equals(id_type) else arr.cast(id_type)
 
 
 def kept_arrays(
@@ -56,7 +68,7 @@ def kept_arrays(
     return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class ReadSpec:
     text_col: str
     id_col: str
@@ -66,6 +78,19 @@ class ReadSpec:
     batch_rows: int
     on_bad_row: BadRowHandler | None
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
+    id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
+
+    def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:
+        """Fix the run's id type to a whole input's `t` (InputError when an earlier input's differs)."""
+        if self.id_type is not None and is_string_type(self.id_type) and pa.types.is_integer(t):
+            return  # integer ids in a run of string ids: written as their string form
+        if self.id_type is not None and not self.id_type.equals(t):
+            raise InputError(
+                path,
+                f"ids are {t} here ({what}), but {self.id_type} in an earlier input",
+                fix="give the ids one type in every input (strings or integers), or run the inputs separately",
+            )
+        self.id_type = t
 
     def bad(self, err: InputError) -> None:
         """Raise a row-level error, or hand it to `on_bad_row` (and let the caller skip the row)."""
@@ -80,9 +105,10 @@ class BatchBuilder:
     def __init__(self, source: str, spec: ReadSpec, infer_types: bool = False) -> None:
         self.source = source
         self.spec = spec
-        self.infer_types = infer_types  # JSON values: the first typed batch fixes each kept column's type
+        self.infer_types = infer_types  # JSON values: the first typed batch fixes each kept column's and the id's type
         self.locations: list[str] = []
         self.ids: list[str] = []
+        self.raw_ids: list[Any] = []  # the ids as the input has them (JSON: int or str), when inferring types
         self.texts: list[str | None] = []
         self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
         self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
@@ -107,12 +133,14 @@ class BatchBuilder:
         return True
 
     def add(
-        self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any]
+        self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any], raw_id: Any = None
     ) -> None:
         if self.too_long(location, rid, [text, *extra]):
             return
         self.locations.append(location)
         self.ids.append(rid)
+        if self.infer_types:
+            self.raw_ids.append(rid if raw_id is None else raw_id)
         self.texts.append(text)
         for col, value in zip(self.spec.keep_cols, kept, strict=True):
             self.columns[col].append(value)
@@ -155,45 +183,33 @@ class BatchBuilder:
             columns={c: v[:n] for c, v in self.columns.items()},
             extra_texts={c: v[:n] for c, v in self.extra.items()},
         )
-        del self.locations[:n], self.ids[:n], self.texts[:n]
+        raw_ids = self.raw_ids[:n]
+        del self.locations[:n], self.ids[:n], self.texts[:n], self.raw_ids[:n]
         for v in self.columns.values():
             del v[:n]
         for v in self.extra.values():
             del v[:n]
-        if self.infer_types and self.spec.keep_cols:
-            batch = self._typed(batch)
+        if self.infer_types:
+            batch = self._typed(batch, raw_ids)
         batch.column_types = {c: t for c in self.spec.keep_cols if (t := self.spec.kept_types.get(c)) is not None}
+        batch.id_type = self.spec.id_type or pa.string()
         return batch
 
-    def _typed(self, batch: InputBatch) -> InputBatch:
-        """Check kept values against the run's column types (fixing them on first sight); drop conflicting rows."""
+    def _typed(self, batch: InputBatch, raw_ids: list[Any]) -> InputBatch:
+        """Check ids and kept values against the run's types (fixing them on first sight); drop conflicting rows."""
         bad: set[int] = set()
+        # A string id column holds any id as its string form (an integer id among strings is kept, as "7");
+        # an integer one holds integers only.
+        # An integer past int64 counts as its digits: only a string column holds it (as main always did).
+        typed = [str(v) if _past_int64(v) else v for v in raw_ids]
+        run_type = self.spec.id_type or _first_type(typed)
+        values = batch.ids if run_type is not None and is_string_type(run_type) else typed
+        field_name = f"id field {self.spec.id_col!r}"
+        self.spec.id_type = self._check_type(batch, values, self.spec.id_type, field_name, bad, shown=raw_ids)
         for col in self.spec.keep_cols:
-            values, known = batch.columns[col], self.spec.kept_types.get(col)
-            try:
-                arr = pa.array(values, type=known)
-            except (pa.ArrowException, OverflowError, TypeError, ValueError):
-                arr = None
-            if arr is not None:
-                if known is None and not pa.types.is_null(arr.type):
-                    self.spec.kept_types[col] = arr.type
-                continue
-            # Find the rows that do not fit: against the known type, or (first sight) the first value's.
-            ref = known if known is not None else _first_type(values)
-            for j, v in enumerate(values):
-                if j not in bad and not _fits(v, ref):
-                    bad.add(j)
-                    self.spec.bad(
-                        InputError(
-                            self.source,
-                            f"kept field {col!r} is {type_name(v)}, but the column is {ref} in earlier rows",
-                            location=batch.locations[j],
-                            record_id=batch.ids[j],
-                            fix="give the field one type in every record",
-                        )
-                    )
-            if known is None and ref is not None and not pa.types.is_null(ref):
-                self.spec.kept_types[col] = ref
+            t = self._check_type(batch, batch.columns[col], self.spec.kept_types.get(col), f"kept field {col!r}", bad)
+            if t is not None:
+                self.spec.kept_types[col] = t
         if not bad:
             return batch
         keep = [j for j in range(len(batch)) if j not in bad]
@@ -205,6 +221,39 @@ class BatchBuilder:
             columns={c: [v[j] for j in keep] for c, v in batch.columns.items()},
             extra_texts={c: [v[j] for j in keep] for c, v in batch.extra_texts.items()},
         )
+
+    def _check_type(
+        self,
+        batch: InputBatch,
+        values: Sequence[Any],
+        known: pa.DataType | None,
+        field_name: str,
+        bad: set[int],
+        shown: Sequence[Any] | None = None,
+    ) -> pa.DataType | None:
+        """The run's type of a field after this batch (`known`, else the first value's); each row whose value
+        does not fit it is reported as a bad row (naming its value in `shown`, default `values`) and added to `bad`."""
+        try:
+            arr = pa.array(values, type=known)
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            arr = None
+        if arr is not None:
+            return known if known is not None or pa.types.is_null(arr.type) else arr.type
+        # Find the rows that do not fit: against the known type, or (first sight) the first value's.
+        ref = known if known is not None else _first_type(values)
+        for j, v in enumerate(values):
+            if j not in bad and not _fits(v, ref):
+                bad.add(j)
+                self.spec.bad(
+                    InputError(
+                        self.source,
+                        f"{field_name} is {_kind((shown or values)[j])}, but the column is {ref} in earlier rows",
+                        location=batch.locations[j],
+                        record_id=batch.ids[j],
+                        fix="give the field one type in every record",
+                    )
+                )
+        return known if ref is None or pa.types.is_null(ref) else ref
 
     def drain_full(self) -> Iterator[InputBatch]:
         while len(self.ids) >= self.spec.batch_rows:
@@ -273,6 +322,19 @@ def type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), type(value).__name__
     )
+
+
+def _past_int64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < (1 << 63)
+
+
+def _kind(value: Any) -> str:
+    return "an integer past 64 bits" if _past_int64(value) else type_name(value)
+
+
+def is_string_type(t: pa.DataType) -> bool:
+    """Whether `t` is one of Arrow's string types."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
 def _fits(value: Any, t: pa.DataType | None) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pyarrow as pa
+
 from embedcli.io.reader_base import (
     BatchBuilder,
     InputBatch,
@@ -16,6 +18,7 @@ from embedcli.io.reader_base import (
 
 def read_txt(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
     b = BatchBuilder(path, spec)
+    spec.fix_id_type(path, pa.string(), "plain-text ids are file:line")
     with open_binary(path) as f:
         for lineno, raw in numbered_lines(f, path):
             try:

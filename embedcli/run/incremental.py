@@ -15,7 +15,7 @@ from embedcli.io.shards import PreviousOutput, row_keys
 from embedcli.io.writers import output_format
 from embedcli.run.checks import Work
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import kept_columns, subset
+from embedcli.run.source import id_column, kept_columns, subset
 
 
 def describe_config_change(old: dict[str, str], new: dict[str, str]) -> str:
@@ -99,7 +99,7 @@ class Carry:
         result_cols = [c for c in prev.schema.names if c not in drop]
         sub = subset(work.batch, work.carry_idx)
         taken = prev.take(work.carry_rows, result_cols)
-        columns: dict[str, Any] = {"id": pa.array(sub.ids, pa.string())}
+        columns: dict[str, Any] = {"id": id_column(sub)}
         for c in result_cols:
             columns[c] = taken.column(c)
         columns.update(kept_columns(sub, self.keep_cols))

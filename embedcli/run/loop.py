@@ -118,12 +118,15 @@ class Pipeline:
         }
 
     def empty_output(self) -> Any:
-        """The output of no rows: the codec's, with each kept column typed as a Parquet input declares it
-        (else string), so an empty output has the same columns as a full one."""
+        """The output of no rows: the codec's, with the id and each kept column typed as a Parquet input declares
+        it (else string), so an empty output has the same columns as a full one."""
         table = self.job.codec.empty()
         if self.source is None:
             return table
         types = self.source.kept_types(self.paths or [])
+        id_type = self.source.id_type(self.paths or [])
+        if id_type is not None and "id" in table.column_names:
+            table = table.set_column(table.column_names.index("id"), "id", pa.array([], id_type))
         for name in self.source.inputs.keep_cols:
             column = pa.array([], types.get(name, pa.string()))
             if name in table.column_names:

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.errors import STDIN, InputError, UsageError
-from embedcli.io.reader_base import kept_arrays
+from embedcli.io.parquet_reader import id_type as parquet_id_type
+from embedcli.io.reader_base import id_array, kept_arrays
 from embedcli.io.readers import (
     InputBatch,
     detect_format,
@@ -62,6 +63,7 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
         columns={c: [v[i] for i in il] for c, v in batch.columns.items()},
         extra_texts={c: [v[i] for i in il] for c, v in batch.extra_texts.items()},
         column_types=batch.column_types,  # the reader's types, or kept columns are re-guessed from the rows left
+        id_type=id_type_of(batch),
     )
 
 
@@ -74,6 +76,16 @@ def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
     """The `--keep-cols` columns of a batch as Arrow arrays."""
     # typed by the reader: a Parquet input's own types, JSONL's first seen (mixed types are bad rows)
     return kept_arrays(batch.columns, names, getattr(batch, "column_types", None))
+
+
+def id_type_of(batch: Any) -> pa.DataType:
+    """The input's id type of a batch (string for batches that carry none)."""
+    return getattr(batch, "id_type", None) or pa.string()
+
+
+def id_column(batch: Any) -> pa.Array:
+    """The output's `id` column of a batch: its ids as the input typed them (strings where it has no types)."""
+    return id_array(batch.ids, id_type_of(batch))
 
 
 def refuse_shadowing(columns: Sequence[str], keep_cols: Sequence[str]) -> None:
@@ -93,9 +105,17 @@ def with_kept(columns: dict[str, Any], batch: Any, names: Sequence[str]) -> dict
     return columns
 
 
-def empty_batch(keep_cols: Sequence[str]) -> InputBatch:
+def empty_batch(keep_cols: Sequence[str], id_type: pa.DataType | None = None) -> InputBatch:
     """A batch of no rows with the `--keep-cols` columns (for an output's empty shape)."""
-    return InputBatch(source="", locations=[], ids=[], texts=[], columns={c: [] for c in keep_cols}, extra_texts={})
+    return InputBatch(
+        source="",
+        locations=[],
+        ids=[],
+        texts=[],
+        columns={c: [] for c in keep_cols},
+        extra_texts={},
+        id_type=id_type or pa.string(),
+    )
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,26 @@ class BatchSource:
                 if name not in types and name in schema.names and not pa.types.is_null(schema.field(name).type):
                     types[name] = schema.field(name).type
         return types
+
+    def id_type(self, paths: Sequence[str]) -> pa.DataType | None:
+        """The run's id type as the first input declares it (a Parquet id column's type, string for CSV, TSV
+        and text), or None where only the rows tell (JSONL) or the input cannot be read."""
+        if not paths:
+            return None
+        first = paths[0]
+        fmt = detect_format(first, self.inputs.fmt)
+        if fmt in ("csv", "tsv", "txt"):
+            return pa.string()
+        if first == STDIN or fmt != "parquet":
+            return None
+        try:
+            schema = pq.read_schema(first)
+        except Exception:  # an unreadable input is the reader's to report
+            return None
+        name = self.inputs.id_col or "id"
+        if name not in schema.names:
+            return pa.string()  # default ids, file:row
+        return parquet_id_type(schema.field(name).type)
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
         """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""

@@ -15,7 +15,7 @@ from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -62,7 +62,7 @@ class ClassifyCodec:
         p = np.asarray(probs, dtype=np.float32).reshape(len(batch.ids), len(self.labels))
         best = p.argmax(axis=1) if len(p) else np.zeros(0, dtype=np.int64)
         columns: dict[str, Any] = {
-            "id": pa.array(batch.ids, pa.string()),
+            "id": id_column(batch),
             "label": pa.array(self.labels[best].tolist(), pa.string()),
             "score": pa.array(p[np.arange(len(p)), best], pa.float32()),
         }

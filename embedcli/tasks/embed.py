@@ -32,7 +32,7 @@ from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
 from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
@@ -69,7 +69,7 @@ class EmbedCodec:
 
     def table(self, batch: Any, vectors: Any) -> Any:
         """The output rows of a batch."""
-        columns = {"id": pa.array(batch.ids, pa.string()), "embedding": embedding_array(np.asarray(vectors))}
+        columns = {"id": id_column(batch), "embedding": embedding_array(np.asarray(vectors))}
         return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:

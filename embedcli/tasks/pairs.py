@@ -15,6 +15,7 @@ import pyarrow as pa
 from embedcli.compute.choice import can_do
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.errors import EXIT_OK, InputError, UsageError
+from embedcli.io.reader_base import id_array
 from embedcli.io.readers import read_inputs
 from embedcli.io.writers import open_writer
 from embedcli.models.llm_reranker import pair_formatter
@@ -27,6 +28,8 @@ from embedcli.run.source import (
     BatchSource,
     InputOptions,
     empty_batch,
+    id_column,
+    id_type_of,
     null_text_error,
     refuse_shadowing,
     with_kept,
@@ -173,13 +176,12 @@ class ScoreCodec:
             scores = self.scorer.score_matrix(self.left_encoded, result, 1, n)[0]
         else:
             scores = self.scorer.pair_scores(result, n)
-        columns = {"id": pa.array(batch.ids, pa.string()), "score": pa.array(scores, pa.float32())}
+        columns = {"id": id_column(batch), "score": pa.array(scores, pa.float32())}
         return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
-        columns = {"id": pa.array([], pa.string()), "score": pa.array([], pa.float32())}
-        return pa.table(with_kept(columns, empty_batch(self.keep_cols), self.keep_cols))
+        return self.table(empty_batch(self.keep_cols), None)
 
 
 def run_score(
@@ -224,6 +226,7 @@ class Documents:
 
     def __init__(self, keep_cols: list[str], with_text: bool) -> None:
         self.ids: list[str] = []
+        self.id_type: pa.DataType | None = None  # the input's, from the first batch
         self.texts: list[str] = []
         self.cols: dict[str, list[Any]] = {c: [] for c in keep_cols}
         self.with_text = with_text
@@ -232,6 +235,7 @@ class Documents:
         """Keep a batch's documents; returns the position of its first one."""
         base = len(self.ids)
         self.ids.extend(batch.ids)
+        self.id_type = self.id_type or id_type_of(batch)
         if self.with_text:
             self.texts.extend(batch.texts)
         for c in self.cols:
@@ -243,7 +247,7 @@ class Documents:
         idx = index.tolist()
         columns: dict[str, Any] = {
             "query_id": pa.array([query_id] * len(idx), pa.string()),
-            "id": pa.array([self.ids[i] for i in idx], pa.string()),
+            "id": id_array([self.ids[i] for i in idx], self.id_type),
             "score": pa.array(scores, pa.float32()),
             "rank": pa.array(np.arange(1, len(idx) + 1, dtype=np.int32), pa.int32()),
         }

@@ -24,7 +24,7 @@ from embedcli.errors import UsageError
 from embedcli.models.loader import LoadedModel
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, kept_columns
 from embedcli.run.target import check_target
 from embedcli.scoring import SparseVector
 from embedcli.tasks.common import (
@@ -79,7 +79,7 @@ class SparseCodec:
 
     def table(self, batch: Any, rows: Sequence[SparseVector]) -> Any:
         """The output rows of a batch."""
-        columns = {"id": pa.array(batch.ids, pa.string()), **sparse_columns(list(rows), self.vocab)}
+        columns = {"id": id_column(batch), **sparse_columns(list(rows), self.vocab)}
         columns.update(kept_columns(batch, self.keep_cols))
         return pa.table(columns)
 

@@ -17,7 +17,7 @@ from embedcli.io.writers import embedding_array
 from embedcli.pooling import get_activation, resolve_classifier_activation
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -109,7 +109,7 @@ class TokenEmbedCodec:
         """The output rows of a batch."""
         kept = [select_tokens(i, v, self.special, self.opts) for i, v in zip(result.ids, result.values, strict=True)]
         columns: dict[str, Any] = {
-            "id": pa.array(batch.ids, pa.string()),
+            "id": id_column(batch),
             "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
             "embeddings": list_of_vectors([k[1] for k in kept], self.width),
         }
@@ -175,7 +175,7 @@ class TokenClassifyCodec:
         probs = [self.select(np.asarray(k[1], dtype=np.float32)).reshape(-1, width) for k in kept]
         best = [p.argmax(axis=1) if len(p) else np.zeros(0, dtype=np.int64) for p in probs]
         columns: dict[str, Any] = {
-            "id": pa.array(batch.ids, pa.string()),
+            "id": id_column(batch),
             "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
             "labels": pa.array([self.label_names[b].tolist() for b in best], pa.list_(pa.string())),
             "scores": list_column([p[np.arange(len(p)), b] for p, b in zip(probs, best, strict=True)], pa.float32()),

@@ -67,15 +67,15 @@ def test_float32_search_equals_semantic_search_with_the_query_prompt(cli, st, st
     for qi, hits in enumerate(expected):
         mine = got[4 * qi : 4 * qi + 4]
         np.testing.assert_allclose([r["score"] for r in mine], [h["score"] for h in hits], atol=1e-5)
-        assert {r["id"] for r in mine} == {str(100 + h["corpus_id"]) for h in hits}
+        assert {r["id"] for r in mine} == {100 + h["corpus_id"] for h in hits}  # int ids in, int ids out
         assert [r["text"] for r in mine] == [DOCS[int(r["id"]) - 100] for r in mine]
     # stdout (the default -o -) as JSONL; the duplicated document ties exactly and the earlier row comes first
     lines = cli("search", vectors, "--query", DOCS[0], "--top-k", 99, "-m", st_model, "-q").stdout.splitlines()
     full = [json.loads(line) for line in lines]
     assert [r["rank"] for r in full] == list(range(1, len(DOCS) + 1))
     ids = [r["id"] for r in full]
-    first = ids.index("100")
-    assert ids[first + 1] == "103" and full[first]["score"] == full[first + 1]["score"]
+    first = ids.index(100)
+    assert ids[first + 1] == 103 and full[first]["score"] == full[first + 1]["score"]
 
 
 @pytest.mark.parametrize("precision", ["int8", "ubinary"])
@@ -103,7 +103,7 @@ def test_quantized_search_uses_the_stored_ranges(cli, st, st_model, corpus, tmp_
     for qi in range(len(QUERIES)):
         mine = got[len(DOCS) * qi : len(DOCS) * (qi + 1)]
         order = sorted(range(len(DOCS)), key=lambda j: -ref[qi, j])  # stable: ties by row
-        assert [r["id"] for r in mine] == [str(100 + j) for j in order]
+        assert [r["id"] for r in mine] == [100 + j for j in order]
         assert [r["score"] for r in mine] == [float(ref[qi, j]) for j in order]
 
 
@@ -182,7 +182,7 @@ def test_rescore_reranks_int8_candidates_with_the_float_query(cli, st, st_model,
         candidates = sorted(range(len(DOCS)), key=lambda j: -coarse[qi, j])[:4]  # top-k x 2 by the codes
         best = sorted(candidates, key=lambda j: -fine[qi, j])[:2]
         mine = got[2 * qi : 2 * qi + 2]
-        assert [r["id"] for r in mine] == [str(100 + j) for j in best]
+        assert [r["id"] for r in mine] == [100 + j for j in best]
         np.testing.assert_allclose([r["score"] for r in mine], fine[qi, best], rtol=1e-5)
 
 

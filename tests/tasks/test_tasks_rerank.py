@@ -70,7 +70,7 @@ def test_score_cross_encoder_equals_predict_on_long_and_whitespace_pairs(cli, ta
         "--max-batch-tokens", 200)
     got = [json.loads(line) for line in out.read_text().splitlines()]
     expected = cross_encoder.predict(list(zip(lefts, rights, strict=True)))
-    assert [r["id"] for r in got] == ["0", "1", "2", "3"]
+    assert [r["id"] for r in got] == [0, 1, 2, 3]  # int ids in, int ids out (issue 15)
     delta = np.abs(np.array([r["score"] for r in got]) - expected).max()
     print(f"score vs CrossEncoder.predict (incl. truncated pairs): max |delta| {delta:.2e}")
     assert delta <= 1e-5, delta
