@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import sys
 import zlib
 from collections import Counter
@@ -305,11 +306,41 @@ def _open_binary(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         raise InputError(path, f"cannot open: {e.strerror or e}") from None
 
 
-def _numbered_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
-    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed."""
+def _pipe_lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """Lines of a pipe as they arrive, and None each time the writer has nothing more for now."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield from f  # not a real descriptor (an in-memory stream): it never waits
+        return
+    # Reads go to the descriptor under `f` (nothing has been read through `f` itself yet): a buffered
+    # read would wait for a full buffer, not for the next line.
+    pending = b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            yield line + b"\n"
+        if not select.select([fd], [], [], 0)[0]:
+            yield None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        pending += chunk
+    if pending:
+        yield pending
+
+
+def _numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed.
+
+    With `idle` (stdin), (line number, None) marks a pause of the writer: the caller hands on what it holds.
+    """
     lineno = 0
     try:
-        for raw in f:
+        for raw in _pipe_lines(f) if idle and path == STDIN else f:
+            if raw is None:
+                yield lineno, None
+                continue
             lineno += 1
             if lineno == 1 and raw.startswith(_BOM):
                 raw = raw[len(_BOM) :]
@@ -373,7 +404,11 @@ def _read_jsonl(path: str, spec: _Spec, prefix: str) -> Iterator[InputBatch]:
     id_key: str | None = None  # decided on the first record: spec.id_col, or None for default ids
     first = True
     with _open_binary(path) as f:
-        for lineno, raw in _numbered_lines(f, path):
+        for lineno, raw in _numbered_lines(f, path, idle=True):
+            if raw is None:
+                if len(b):
+                    yield b.take()  # the writer paused: stream what arrived (stdin runs never resume)
+                continue
             if not raw.strip():
                 continue
             loc = f"line {lineno}"
@@ -504,7 +539,11 @@ def _text_ok(path: str, loc: str, rid: str, col: str, value: Any, spec: _Spec) -
 def _read_txt(path: str, spec: _Spec, prefix: str) -> Iterator[InputBatch]:
     b = _Builder(path, spec)
     with _open_binary(path) as f:
-        for lineno, raw in _numbered_lines(f, path):
+        for lineno, raw in _numbered_lines(f, path, idle=True):
+            if raw is None:
+                if len(b):
+                    yield b.take()
+                continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

@@ -24,7 +24,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, InputError, OutputError
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
@@ -32,7 +32,7 @@ from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
 from embedcli.run.job import Job
 from embedcli.run.report import RunReport, write_stats
-from embedcli.run.signals import StopFlag
+from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
@@ -171,7 +171,14 @@ class Pipeline:
         report, flags = self.report, self.flags
         last_commit = time.monotonic()
         since_commit = 0
-        for result in results:
+        while True:
+            try:
+                with stop.waiting():
+                    result = next(results)
+            except StopIteration:
+                break
+            except StopNow:
+                self._stopped(sink, stop)
             work = held.popleft()
             if work.batch is not None and len(work.batch):
                 self._write(sink, work, result)
@@ -183,17 +190,22 @@ class Pipeline:
             assert report.progress is not None
             report.progress.update(work.records, self.job.engine.stats.tokens)
             if stop.requested:
-                self._commit(sink)
-                report.progress.close(
-                    f"stopped by {stop.signal_name}: {report.records_done:,} input rows committed; "
-                    "rerun the same command to resume"
-                )
-                raise KeyboardInterrupt(stop.signal_name)
+                self._stopped(sink, stop)
             now = time.monotonic()
             if since_commit >= flags.shard_rows or now - last_commit >= flags.commit_every:
                 self._commit(sink)
                 last_commit, since_commit = now, 0
         self._commit(sink)
+
+    def _stopped(self, sink: Any, stop: StopFlag) -> NoReturn:
+        """Commit what is written, say so, and stop (exit 130)."""
+        self._commit(sink)
+        assert self.report.progress is not None
+        self.report.progress.close(
+            f"stopped by {stop.signal_name}: {self.report.records_done:,} input rows committed; "
+            "rerun the same command to resume"
+        )
+        raise KeyboardInterrupt(stop.signal_name)
 
     def _write(self, sink: Any, work: Work, result: Any) -> None:
         computed = None
