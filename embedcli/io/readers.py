@@ -10,6 +10,7 @@ import json
 import os
 import re
 import select
+import stat
 import sys
 import zlib
 from collections import Counter
@@ -82,6 +83,7 @@ class _Spec:
     extra_text_cols: tuple[str, ...]
     batch_rows: int
     on_bad_row: BadRowHandler | None
+    batch_chars: int | None = None
 
     def bad(self, err: InputError) -> None:
         """Raise a row-level error, or hand it to `on_bad_row` (and let the caller skip the row)."""
@@ -101,6 +103,7 @@ class _Builder:
         self.texts: list[str | None] = []
         self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
         self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
+        self.chars = 0  # text characters held (only counted under a `batch_chars` cap)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -111,6 +114,8 @@ class _Builder:
         self.locations.append(location)
         self.ids.append(rid)
         self.texts.append(text)
+        if self.spec.batch_chars is not None and text is not None:
+            self.chars += len(text)
         for col, value in zip(self.spec.keep_cols, kept, strict=True):
             self.columns[col].append(value)
         for col, value in zip(self.spec.extra_text_cols, extra, strict=True):
@@ -133,11 +138,27 @@ class _Builder:
             self.extra[col] += extra[col]
 
     def full(self) -> bool:
-        return len(self.ids) >= self.spec.batch_rows
+        cap = self.spec.batch_chars
+        return len(self.ids) >= self.spec.batch_rows or (cap is not None and self.chars >= cap)
+
+    def _cut(self) -> int:
+        """Rows of the next full batch: `batch_rows`, or fewer where the texts reach `batch_chars`."""
+        n = min(len(self.ids), self.spec.batch_rows)
+        cap = self.spec.batch_chars
+        if cap is None:
+            return n
+        used = 0
+        for i in range(n):
+            used += len(self.texts[i] or "")
+            if used >= cap:
+                return i + 1
+        return n
 
     def take(self, n: int | None = None) -> InputBatch:
         """Remove and return the first `n` records (all when None) as a batch."""
         n = len(self.ids) if n is None else n
+        if self.spec.batch_chars is not None:
+            self.chars -= sum(len(t) for t in self.texts[:n] if t is not None)
         batch = InputBatch(
             source=self.source,
             locations=self.locations[:n],
@@ -154,8 +175,8 @@ class _Builder:
         return batch
 
     def drain_full(self) -> Iterator[InputBatch]:
-        while len(self.ids) >= self.spec.batch_rows:
-            yield self.take(self.spec.batch_rows)
+        while self.ids and (len(self.ids) >= self.spec.batch_rows or self._cut() < len(self.ids)):
+            yield self.take(self._cut())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,6 +260,7 @@ def read_inputs(
     fmt: str | None = None,
     batch_rows: int = 1024,
     on_bad_row: BadRowHandler | None = None,
+    batch_chars: int | None = None,
 ) -> Iterator[InputBatch]:
     """Stream records from files, globs or `-` (stdin) as InputBatch objects, in input order.
 
@@ -247,7 +269,8 @@ def read_inputs(
     reading); column checks happen as each file is opened. Row-level problems (bad UTF-8, malformed
     JSON, a non-object line, a null/empty/badly typed id or text type, a CSV row with the wrong
     number of fields) raise InputError, or, when `on_bad_row` is given, are passed to it and the row
-    is skipped. Null text is never an error here: it comes through as None.
+    is skipped. Null text is never an error here: it comes through as None. With `batch_chars` a batch
+    also ends at the row whose text brings it to that many characters (the cut depends on the data only).
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
@@ -259,6 +282,7 @@ def read_inputs(
         extra_text_cols=tuple(extra_text_cols),
         batch_rows=batch_rows,
         on_bad_row=on_bad_row,
+        batch_chars=batch_chars,
     )
     if fmt is not None:
         fmt = normalize_format(fmt)
@@ -775,6 +799,34 @@ def _read_parquet(path: str, spec: _Spec, prefix: str) -> Iterator[InputBatch]:
             yield from b.drain_full()
         if len(b):
             yield b.take()
+
+
+# --------------------------------------------------------------------------------------------------
+# Record counts (for a progress total)
+
+
+def count_records(path: str, fmt: str | None = None) -> int | None:
+    """Records in `path` for a progress total: Parquet metadata, or newlines of a regular uncompressed
+    text file (a CSV/TSV header is not counted; blank lines and quoted newlines make it an estimate).
+    None for stdin, pipes and compressed files, which cannot be read twice or cheaply."""
+    if path == STDIN:
+        return None
+    fmt = detect_format(path, fmt)
+    try:
+        if fmt == "parquet":
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        if path.lower().endswith(".gz") or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        lines = 0
+        last = b"\n"
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, pa.ArrowException):
+        return None
+    lines += last != b"\n"
+    return max(0, lines - 1) if fmt in ("csv", "tsv") else lines
 
 
 # --------------------------------------------------------------------------------------------------

@@ -38,6 +38,19 @@ from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
 from embedcli.run.target import resolve_output
 
+# A batch is the loop's unit of work: progress, `--commit-every` and a clean stop act between batches. Cut
+# by text size as well as by rows (characters ~ tokens ~ compute), a batch is a few of the engine's packed
+# forwards on any device and any text length; the cut depends on the data and the token budget only, so a
+# rerun cuts the same records and resumes bit for bit.
+CHARS_PER_TOKEN = 4
+FORWARDS_PER_BATCH = 4
+
+
+def batch_chars(engine: Any) -> int | None:
+    """The text-size cap of a batch for `engine` (None when it has no token budget)."""
+    budget = getattr(engine, "max_batch_tokens", None)
+    return budget * CHARS_PER_TOKEN * FORWARDS_PER_BATCH if isinstance(budget, int) else None
+
 
 class Pipeline:
     """One run of a `Job` (see the module docstring)."""
@@ -141,7 +154,8 @@ class Pipeline:
 
         def inputs() -> Iterator[Sequence[Any]]:
             work_items = read_work(
-                self.job.source, self.paths, self.flags, skip, errors_before, self.carry.split, report.seconds
+                self.job.source, self.paths, self.flags, skip, errors_before, self.carry.split, report.seconds,
+                batch_chars(engine),
             )
             for work in work_items:
                 held.append(work)

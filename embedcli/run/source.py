@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embedcli.errors import STDIN, InputError
 from embedcli.io.readers import (
     InputBatch,
+    count_records,
     detect_format,
     expand_paths,
     input_fingerprint,
@@ -104,6 +104,7 @@ class BatchSource:
         *,
         batch_rows: int | None = None,
         on_bad_row: Callable[[InputError], None] | None = None,
+        batch_chars: int | None = None,
     ) -> Iterator[Any]:
         """The raw reader over `paths` (default: all inputs), no row checks."""
         return read_inputs(
@@ -115,6 +116,7 @@ class BatchSource:
             fmt=self.inputs.fmt,
             batch_rows=batch_rows or self.inputs.batch_rows,
             on_bad_row=on_bad_row,
+            batch_chars=batch_chars,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -139,13 +141,11 @@ class BatchSource:
         return [input_fingerprint(p) for p in paths]
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
-        """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""
+        """Row count of the inputs for an ETA (Parquet metadata, a line count of text files), else None."""
         total = 0
         for p in paths:
-            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+            n = count_records(p, self.inputs.fmt)
+            if n is None:
                 return None
-            try:
-                total += pq.ParquetFile(p).metadata.num_rows
-            except Exception:
-                return None
+            total += n
         return total
