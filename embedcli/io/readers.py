@@ -453,7 +453,8 @@ def _read_jsonl(path: str, spec: _Spec, prefix: str) -> Iterator[InputBatch]:
                         f"malformed JSON: {msg}",
                         location=loc,
                         record_id=_id_hint(line, spec.id_col),
-                        fix="each line must be one complete JSON object",
+                        fix="each line must be one complete JSON object"
+                        + ("; for plain text, one text per line, pass --format txt" if first else ""),
                     )
                 )
                 continue
