@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.io.errors import OutputError
+from embedcli.io.readers import fingerprint_identity
 from embedcli.io.writers import output_format
 
 MANIFEST_FORMAT = "embedcli-manifest"
@@ -94,7 +95,7 @@ def job_key(cfg_key: str, fingerprints: list[dict[str, Any]] | None) -> str | No
     """Config plus the exact inputs (None when an input, e.g. stdin, cannot be fingerprinted)."""
     if fingerprints is None:
         return None
-    return _sha({"config_key": cfg_key, "inputs": fingerprints})
+    return _sha({"config_key": cfg_key, "inputs": [fingerprint_identity(fp) for fp in fingerprints]})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from embedcli.io.manifest import (
     KEY_CONFIG,
     KEY_CONFIG_KEY,
     KEY_ERRORS,
+    KEY_INPUTS,
     KEY_JOB,
     KEY_MODEL,
     KEY_RECORDS,
@@ -30,6 +31,7 @@ from embedcli.io.manifest import (
     output_metadata,
     staging_dir,
 )
+from embedcli.io.readers import describe_input_change
 from embedcli.io.shards import (
     ShardStore,
     assemble_file,
@@ -71,6 +73,14 @@ def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: An
     return EXIT_SKIPPED if skipped else EXIT_OK
 
 
+def _json_list(value: str | None) -> list[dict[str, Any]] | None:
+    try:
+        loaded = json.loads(value) if value else None
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, list) else None
+
+
 def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     """Refuse an output made otherwise (exit 2 without --overwrite); True when it is this job's, complete."""
     target, overwrite = p.output, p.flags.overwrite
@@ -80,7 +90,13 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
                 f"{target.path} was made with a different config ({describe_config_change(existing, p.base_meta)}); "
                 "pass --overwrite to replace it, or choose another -o"
             )
-        return _complete_for_this_job(p, existing)
+        if _complete_for_this_job(p, existing):
+            return True
+        if not p.flags.incremental and existing.get(KEY_COMPLETE) == "true":
+            why = describe_input_change(_json_list(existing.get(KEY_INPUTS)), p.fingerprints)
+            p.note(f"{target.path} was made from other inputs ({why}): computing every row "
+                   "(--incremental would carry unchanged rows over)")
+        return False
     if existing is None and target.mode == "dir" and os.path.isdir(target.path):
         if os.listdir(target.path) and not overwrite:
             raise UsageError(
@@ -103,7 +119,8 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
             )
         if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
             if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
-                p.note("the inputs changed since the interrupted run: starting over")
+                why = describe_input_change(manifest.inputs, p.fingerprints)
+                p.note(f"the inputs changed since the interrupted run ({why}): starting over")
             clear_dir(root)
             manifest = None
     elif os.listdir(root):

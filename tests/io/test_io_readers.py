@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -15,7 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedcli.io.errors import InputError
-from embedcli.io.readers import InputBatch, detect_format, expand_paths, input_fingerprint, read_inputs
+from embedcli.io.readers import (
+    InputBatch,
+    describe_input_change,
+    detect_format,
+    expand_paths,
+    fingerprint_identity,
+    input_fingerprint,
+    read_inputs,
+)
 
 
 def collect(batches: Any) -> list[dict[str, Any]]:
@@ -441,17 +450,24 @@ def test_input_fingerprint(tmp_path: Path) -> None:
     small = tmp_path / "s.jsonl"
     small.write_text('{"text": "a"}\n')
     fp = input_fingerprint(str(small))
-    assert set(fp) >= {"size", "mtime_ns", "head_sha256", "tail_sha256"}
-    assert fp["size"] == small.stat().st_size and fp["head_sha256"] == fp["tail_sha256"]
+    assert set(fp) == {"path", "size", "blake2b"}  # by content: mtime and place do not matter
+    assert fp["size"] == small.stat().st_size
+    assert fp["blake2b"] == hashlib.blake2b(small.read_bytes(), digest_size=16).hexdigest()
+    moved = tmp_path / "moved.jsonl"
+    small.rename(moved)
+    os.utime(moved, ns=(1, 1))
+    assert fingerprint_identity(input_fingerprint(str(moved))) == fingerprint_identity(fp)
 
     big = tmp_path / "b.bin"
     big.write_bytes(b"a" * (3 << 20))
-    before = input_fingerprint(str(big))
+    before = input_fingerprint(str(big), content_limit=1 << 20)  # past the limit: size, mtime, head and tail
+    assert set(before) >= {"size", "mtime_ns", "head_sha256", "tail_sha256"}
     with open(big, "r+b") as f:
         f.seek(-1, os.SEEK_END)
         f.write(b"b")
-    after = input_fingerprint(str(big))
+    after = input_fingerprint(str(big), content_limit=1 << 20)
     assert before["head_sha256"] == after["head_sha256"] and before["tail_sha256"] != after["tail_sha256"]
+    assert "b.bin changed" in describe_input_change([before], [after])
 
     with pytest.raises(InputError, match="no such file"):
         input_fingerprint(str(tmp_path / "missing"))

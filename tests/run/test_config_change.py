@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tests.resume.resume_helpers import write_jsonl
@@ -17,3 +18,23 @@ def test_config_mismatch_names_the_flags(cli, st_model: Path, tmp_path: Path) ->
     assert "hash" not in res.stderr
     res = cli("embed", corpus, "-m", st_model, "-o", out, "-q", "--incremental", "--no-normalize", code=2)
     assert "--normalize/--no-normalize: true → false" in res.stderr
+
+
+def test_regenerated_or_moved_input_is_not_recomputed(cli, st_model: Path, tmp_path: Path) -> None:
+    rows = [{"id": f"r{i}", "text": f"text number {i}"} for i in range(6)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", rows)
+    out = tmp_path / "v.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", out)
+    before = out.read_bytes()
+    write_jsonl(corpus, rows)  # regenerated: same bytes, new mtime
+    os.utime(corpus, ns=(10**18, 10**18))
+    res = cli("embed", corpus, "-m", st_model, "-o", out)
+    assert "already complete" in res.stderr and out.read_bytes() == before
+    moved = tmp_path / "sub"
+    moved.mkdir()
+    corpus.rename(moved / "c.jsonl")
+    res = cli("embed", moved / "c.jsonl", "-m", st_model, "-o", out)
+    assert "already complete" in res.stderr and out.read_bytes() == before
+    write_jsonl(moved / "c.jsonl", [*rows, {"id": "r6", "text": "one more"}])
+    res = cli("embed", moved / "c.jsonl", "-m", st_model, "-o", out)
+    assert "c.jsonl changed size (" in res.stderr, res.stderr
