@@ -35,4 +35,5 @@ def test_embed_help_panels_fit_a_screen_common_first() -> None:
     assert panels[:5] == ["Arguments", "Options", "Output", "Model", "Input"], panels
     starts = [i for i, line in enumerate(lines) if line.startswith("╭─")] + [len(lines)]
     assert max(b - a for a, b in itertools.pairwise(starts)) <= 50  # each panel fits a screen
+    assert "embedcli-index.parquet" in text  # why the sidecar appears without --incremental
     assert "EMBEDCLI_<FLAG>" in text and "--output" in text and " FILE " in text

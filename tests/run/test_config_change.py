@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -38,3 +39,16 @@ def test_regenerated_or_moved_input_is_not_recomputed(cli, st_model: Path, tmp_p
     write_jsonl(moved / "c.jsonl", [*rows, {"id": "r6", "text": "one more"}])
     res = cli("embed", moved / "c.jsonl", "-m", st_model, "-o", out)
     assert "c.jsonl changed size (" in res.stderr, res.stderr
+
+
+def test_incremental_carries_over_a_first_run_made_without_it(cli, st_model: Path, tmp_path: Path) -> None:
+    rows = [{"id": f"r{i}", "text": f"text number {i}"} for i in range(5)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", rows)
+    out = tmp_path / "v.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", out, "-q")
+    assert Path(f"{out}.embedcli-index.parquet").exists()  # written without --incremental: this is why
+    write_jsonl(corpus, [*rows, {"id": "r5", "text": "a new row"}])
+    stats = tmp_path / "s.json"
+    cli("embed", corpus, "-m", st_model, "-o", out, "-q", "--incremental", "--stats", stats)
+    report = json.loads(stats.read_text())
+    assert (report["carried_rows"], report["computed_rows"]) == (5, 1)
