@@ -1,11 +1,12 @@
-"""SIGINT/SIGTERM handling for unattended runs: finish the batch in hand, commit it, exit 130.
+"""SIGINT/SIGTERM handling for unattended runs: commit the batches written, exit 130, within seconds.
 
 Two layers:
 
 - `terminate_as_interrupt()` (for a whole command): SIGTERM raises KeyboardInterrupt like SIGINT does,
   so a run stopped by `kill` or a service manager before any work started still exits 130, not 143.
-- `StopFlag` (for the compute loop): the first SIGINT/SIGTERM only sets a flag that the loop checks
-  between batches; the loop then commits what is done and stops. A second signal interrupts at once.
+- `StopFlag` (for the compute loop): the first SIGINT/SIGTERM sets a flag that the loop checks between
+  batches, or, while the loop waits for the engine's next result, stops the wait at once (`StopNow`); the
+  loop then commits what is written and stops. A second signal interrupts at once.
 
 Handlers can only be installed from the main thread; elsewhere both are no-ops.
 """
