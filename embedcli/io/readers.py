@@ -134,6 +134,8 @@ class _Builder:
         self.locations += locations
         self.ids += ids
         self.texts += texts
+        if self.spec.batch_chars is not None:
+            self.chars += sum(len(t) for t in texts if t is not None)
         for col in self.spec.keep_cols:
             self.columns[col] += kept[col]
         for col in self.spec.extra_text_cols:

@@ -473,3 +473,28 @@ def test_input_fingerprint(tmp_path: Path) -> None:
         input_fingerprint(str(tmp_path / "missing"))
     with pytest.raises(InputError, match="stdin"):
         input_fingerprint("-")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv", "txt"])
+def test_batch_chars_cuts_the_same_records_in_every_format(tmp_path: Path, fmt: str) -> None:
+    texts = ["x" * (i % 50 + 1) for i in range(500)]
+    path = tmp_path / f"a.{fmt}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=77)  # groups not on batch cuts
+    elif fmt == "csv":
+        path.write_text("text\n" + "".join(f"{t}\n" for t in texts))
+    elif fmt == "txt":
+        path.write_text("".join(f"{t}\n" for t in texts))
+    else:
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    sizes = [len(b) for b in read_inputs([str(path)], batch_rows=64, batch_chars=1000)]
+    expected, used, n = [], 0, 0  # a batch ends at the row that brings it to 1,000 characters, or at 64 rows
+    for t in texts:
+        used, n = used + len(t), n + 1
+        if used >= 1000 or n == 64:
+            expected.append(n)
+            used, n = 0, 0
+    assert sizes == [*expected, *([n] if n else [])]
