@@ -7,7 +7,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
-ENV_NOTE = "Every flag can also be set as EMBEDCLI_<FLAG> (e.g. EMBEDCLI_MODEL, EMBEDCLI_LOG_EVERY)."
+ENV_NOTE = "Every flag can also be set as EMBEDCLI_<FLAG> (e.g. EMBEDCLI_MODEL, EMBEDCLI_OUTPUT, EMBEDCLI_LOG_EVERY)."
 
 FILE_FLAGS = {"output", "stats", "errors-file", "calibration", "previous", "queries", "shards-dir"}
 SECONDS_FLAGS = {"log-every", "commit-every"}
