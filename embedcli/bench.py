@@ -1,10 +1,13 @@
-"""Side-by-side throughput: embedcli end to end against sentence-transformers and plain transformers, one process."""
+"""Side-by-side throughput: embedcli end to end against sentence-transformers, transformers and ONNX Runtime, one process;
+and the start-up of fresh processes."""
 
 from __future__ import annotations
 
 import gc
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +31,15 @@ class Contender:
 
 
 @dataclass
+class StartupTime:
+    """Wall time of one fresh process, best of a few."""
+
+    name: str
+    seconds: float
+    note: str = ""
+
+
+@dataclass
 class BenchReport:
     """Everything `embedcli bench` measures."""
 
@@ -44,6 +56,8 @@ class BenchReport:
     matmul_flops_per_s: float = 0.0
     roofline_fraction: float = 0.0
     peak_rss_mb: float = 0.0
+    dtype_reason: str = ""
+    startup: list[StartupTime] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -148,37 +162,72 @@ def run_bench(
     max_batch_tokens: int | None = None,
     st_batch_sizes: Sequence[int] = (16, 32, 64, 128),
     include_transformers: bool = True,
+    include_onnx: bool = True,
+    include_startup: bool = True,
     log: Callable[[str], None] = lambda s: None,
 ) -> BenchReport:
-    """Time every contender on the same texts, model, max length and threads."""
+    """Time every contender on the same texts, model, max length and threads; then fresh-process start-up."""
     import torch
 
     from embedcli.compute.runner import Runner, RunnerOptions
     from embedcli.models.loader import LoadedModel
     from embedcli.run.report import peak_rss_mb
-    from embedcli.run.source import InputOptions
-    from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec
-    from embedcli.tasks.embed import EmbedOptions, run_embed
+    from embedcli.tasks.common import ModelChoice, load_spec
 
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     choice = ModelChoice(model=model, device="cpu", dtype=dtype)
     loaded = LoadedModel(load_spec(choice), choice.options())
-    spec = loaded.spec
     runner = Runner(loaded, RunnerOptions(max_batch_tokens=max_batch_tokens))
     lengths = [len(e.ids) for e in loaded.tokenizer.encode_batch([t.strip() for t in texts])]
     tokens_each = np.minimum(np.asarray(lengths), runner.max_length)
-    total_tokens = int(tokens_each.sum())
     report = BenchReport(
-        model=spec.name, corpus=corpus_name, rows=len(texts), tokens=total_tokens, threads=threads,
+        model=loaded.spec.name, corpus=corpus_name, rows=len(texts), tokens=int(tokens_each.sum()), threads=threads,
         device="cpu", dtype=str(loaded.dtype).removeprefix("torch."), max_batch_tokens=runner.max_batch_tokens,
+        dtype_reason=loaded.dtype_reason,
     )
+    ours = _bench_embedcli(report, texts, choice, runner, max_batch_tokens, log)
+    reference = _bench_sentence_transformers(report, texts, loaded.spec.path, runner.max_length, st_batch_sizes, log)
+    if include_transformers:
+        log("transformers, length-sorted padded batches of 32")
+        seconds, _ = _time(lambda: _transformers_sorted(loaded.spec.path, texts, runner.max_length, loaded.dtype))
+        report.contenders.append(Contender("transformers sorted bs=32", seconds, report.tokens / seconds))
+    onnx_folder = _bench_onnx(report, texts, loaded.spec, threads, runner.max_length, reference, ours, log) if include_onnx else None
+
+    base = report.contenders[0].tokens_per_s
+    for c in report.contenders:
+        c.ratio_to_embedcli = c.tokens_per_s / base
+    if reference is not None:
+        report.contenders[0].min_cosine = _min_cosine(ours, reference)
+    mean_attended = float((tokens_each.astype(np.float64) ** 2).sum() / max(report.tokens, 1))
+    report.flops_per_token = model_flops_per_token(loaded.backbone.config, mean_attended)
+    report.matmul_flops_per_s = matmul_peak(loaded.backbone.config, loaded.dtype)
+    report.roofline_fraction = report.flops_per_token * base / report.matmul_flops_per_s
+    report.peak_rss_mb = peak_rss_mb()
+    if include_startup:
+        report.startup = measure_startup(model, threads, onnx_folder, log)
+    return report
+
+
+def _bench_embedcli(
+    report: BenchReport,
+    texts: Sequence[str],
+    choice: Any,
+    runner: Any,
+    max_batch_tokens: int | None,
+    log: Callable[[str], None],
+) -> np.ndarray:
+    """embedcli end to end (JSONL in, Parquet out, model load included) and its forwards alone; its vectors."""
+    import pyarrow.parquet as pq
+
+    from embedcli.io.writers import embedding_matrix
+    from embedcli.run.source import InputOptions
+    from embedcli.tasks.common import OutputOptions
+    from embedcli.tasks.embed import EmbedOptions, run_embed
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
-        with corpus.open("w", encoding="utf-8") as f:
-            for i, t in enumerate(texts):
-                f.write(json.dumps({"id": str(i), "text": t}) + "\n")
+        _write_jsonl(corpus, texts)
         out = Path(tmp) / "out.parquet"
         log("embedcli: warm-up")
         runner.embed(list(texts[:64]))
@@ -186,65 +235,132 @@ def run_bench(
         seconds, _ = _time(
             lambda: run_embed(
                 InputOptions([str(corpus)]),
-                ModelChoice(model=model, device="cpu", dtype=dtype),
+                choice,
                 EmbedOptions(normalize=False, max_batch_tokens=max_batch_tokens),
                 OutputOptions(str(out), quiet=True),
             )
         )
-        import pyarrow.parquet as pq
-
-        from embedcli.io.writers import embedding_matrix
-
         ours = embedding_matrix(pq.read_table(out).column("embedding"))
-    base = total_tokens / seconds
-    report.contenders.append(Contender("embedcli", seconds, base, note="end to end: JSONL in, Parquet out"))
-
+    report.contenders.append(Contender("embedcli", seconds, report.tokens / seconds, note="end to end: JSONL in, Parquet out"))
     # The same packed forwards over pre-tokenized input: end to end should stay within ~10% of this
     # (tokenization runs in a background thread, overlapped with compute).
     encoded = [runner.tokenize(list(texts[i : i + 1024])) for i in range(0, len(texts), 1024)]
     seconds, _ = _time(lambda: [runner.run_encoded(e) for e in encoded])
-    report.contenders.append(Contender("embedcli forward only", seconds, total_tokens / seconds, note="pre-tokenized"))
+    report.contenders.append(Contender("embedcli forward only", seconds, report.tokens / seconds, note="pre-tokenized"))
+    return ours
 
-    reference = None
+
+def _bench_sentence_transformers(
+    report: BenchReport,
+    texts: Sequence[str],
+    path: str,
+    max_length: int,
+    batch_sizes: Sequence[int],
+    log: Callable[[str], None],
+) -> np.ndarray | None:
+    """sentence-transformers `encode` at each batch size (model loaded beforehand); its batch-32 vectors."""
+    import torch
+
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
         log("sentence-transformers is not installed: skipping it")
-    else:
-        st = SentenceTransformer(spec.path, device="cpu", model_kwargs={"dtype": torch.float32})
-        st.max_seq_length = runner.max_length
-        st.encode(list(texts[:64]), batch_size=32)
-        best: Contender | None = None
-        for bs in sorted(set(st_batch_sizes) | {32}):
-            log(f"sentence-transformers encode, batch {bs}")
-            seconds, emb = _time(lambda bs=bs: st.encode(list(texts), batch_size=bs, normalize_embeddings=False))
-            c = Contender(f"sentence-transformers bs={bs}", seconds, total_tokens / seconds)
-            if bs == 32:
-                reference = emb
-                c.name += " (default)"
-            report.contenders.append(c)
-            if best is None or c.tokens_per_s > best.tokens_per_s:
-                best = c
-        if best is not None:
-            report.contenders.append(Contender("sentence-transformers best", best.seconds, best.tokens_per_s, note=best.name))
-        del st
+        return None
+    st = SentenceTransformer(path, device="cpu", model_kwargs={"dtype": torch.float32})
+    st.max_seq_length = max_length
+    st.encode(list(texts[:64]), batch_size=32)
+    reference = None
+    best: Contender | None = None
+    for bs in sorted(set(batch_sizes) | {32}):
+        log(f"sentence-transformers encode, batch {bs}")
+        seconds, emb = _time(lambda bs=bs: st.encode(list(texts), batch_size=bs, normalize_embeddings=False))
+        c = Contender(f"sentence-transformers bs={bs}", seconds, report.tokens / seconds)
+        if bs == 32:
+            reference = emb
+            c.name += " (default)"
+        report.contenders.append(c)
+        if best is None or c.tokens_per_s > best.tokens_per_s:
+            best = c
+    if best is not None:
+        report.contenders.append(Contender("sentence-transformers best", best.seconds, best.tokens_per_s, note=best.name))
+    return reference
 
-    if include_transformers:
-        log("transformers, length-sorted padded batches of 32")
-        seconds, emb = _time(lambda: _transformers_sorted(spec.path, texts, runner.max_length, loaded.dtype))
-        report.contenders.append(Contender("transformers sorted bs=32", seconds, total_tokens / seconds))
 
-    for c in report.contenders:
-        c.ratio_to_embedcli = c.tokens_per_s / base
+def _bench_onnx(
+    report: BenchReport,
+    texts: Sequence[str],
+    spec: Any,
+    threads: int,
+    max_length: int,
+    reference: np.ndarray | None,
+    ours: np.ndarray,
+    log: Callable[[str], None],
+) -> Path | None:
+    """ONNX Runtime float32 (session start, tokenization and runs; the cached export is not timed); its export."""
+    from embedcli.bench_onnx import OnnxUnavailable, OrtEmbedder, export_dir
+
+    try:
+        log("ONNX Runtime: export (once per model, cached)")
+        folder = export_dir(spec)
+    except OnnxUnavailable as e:
+        log(f"ONNX Runtime: skipped: {e}")
+        return None
+    log("ONNX Runtime float32, ORT_ENABLE_ALL, length-sorted padded batches of 32")
+    OrtEmbedder(folder, threads, max_length).embed(list(texts[:64]))  # warm-up, as for every other contender
+    seconds, emb = _time(lambda: OrtEmbedder(folder, threads, max_length).embed(list(texts)))
+    c = Contender("ONNX Runtime fp32 sorted bs=32", seconds, report.tokens / seconds, note="session start included")
     if reference is not None:
-        report.contenders[0].min_cosine = _min_cosine(ours, reference)
+        c.min_cosine = _min_cosine(emb, reference)
+    else:
+        c.min_cosine = _min_cosine(emb, ours)
+        c.note += "; cosine vs embedcli"
+    report.contenders.append(c)
+    return folder
 
-    mean_attended = float((tokens_each.astype(np.float64) ** 2).sum() / max(total_tokens, 1))
-    report.flops_per_token = model_flops_per_token(loaded.backbone.config, mean_attended)
-    report.matmul_flops_per_s = matmul_peak(loaded.backbone.config, loaded.dtype)
-    report.roofline_fraction = report.flops_per_token * base / report.matmul_flops_per_s
-    report.peak_rss_mb = peak_rss_mb()
-    return report
+
+def measure_startup(
+    model: str | None, threads: int, onnx_folder: Path | None, log: Callable[[str], None], rounds: int = 2
+) -> list[StartupTime]:
+    """Wall time of fresh processes on a one-row file: `embedcli embed`, its no-op rerun, `--help`, and ORT's loop.
+
+    Each command runs once untimed (page cache; `auto`'s parity probe is decided and cached), then best of `rounds`.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    embedcli = [sys.executable, "-m", "embedcli"]
+    chosen = ["-m", model] if model else []
+    with tempfile.TemporaryDirectory() as tmp:
+        one = Path(tmp) / "one.jsonl"
+        _write_jsonl(one, ["How long does a fresh process take to embed one short sentence?"])
+        done = Path(tmp) / "done.parquet"
+        commands: list[tuple[str, Callable[[int], list[str]], str]] = [
+            ("embedcli --help", lambda i: [*embedcli, "--help"], ""),
+            ("embedcli embed, one row", lambda i: [*embedcli, "embed", str(one), "-o", f"{tmp}/out{i}.parquet", "-q", *chosen],
+             "default dtype (auto)"),
+            ("embedcli embed, rerun of a complete output", lambda i: [*embedcli, "embed", str(one), "-o", str(done), "-q", *chosen],
+             "nothing to do"),
+        ]
+        if onnx_folder is not None:
+            commands.append(("ONNX Runtime loop, one row",
+                             lambda i: [sys.executable, "-m", "embedcli.bench_onnx", str(onnx_folder), str(one), f"{tmp}/ort{i}.npy", str(threads)],
+                             "onnxruntime + tokenizers + numpy"))
+        results = []
+        for name, argv, note in commands:
+            log(f"start-up: {name}")
+            times = [_wall(argv(i), env) for i in range(rounds + 1)][1:]
+            results.append(StartupTime(name, min(times), note))
+    return results
+
+
+def _wall(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return time.perf_counter() - start
+
+
+def _write_jsonl(path: Path, texts: Sequence[str]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"id": str(i), "text": t}) + "\n")
 
 
 def _transformers_sorted(path: str, texts: Sequence[str], max_length: int, dtype: Any) -> np.ndarray:
@@ -276,15 +392,22 @@ def format_report(report: BenchReport) -> str:
     lines = [
         f"model {report.model} | corpus {report.corpus}: {report.rows} rows, {report.tokens} tokens | "
         f"{report.threads} threads | {report.device} {report.dtype} | budget {report.max_batch_tokens} tokens",
-        f"{'contender':44} {'seconds':>9} {'tokens/s':>10} {'vs embedcli':>12} {'min cos':>10}",
+        f"{'contender':58} {'seconds':>9} {'tokens/s':>10} {'vs embedcli':>12} {'min cos':>10}",
     ]
     for c in report.contenders:
         cos = f"{c.min_cosine:.7f}" if c.min_cosine is not None else ""
         name = c.name + (f" [{c.note}]" if c.note else "")
-        lines.append(f"{name:44} {c.seconds:9.2f} {c.tokens_per_s:10.0f} {c.ratio_to_embedcli:12.3f} {cos:>10}")
+        lines.append(f"{name:58} {c.seconds:9.2f} {c.tokens_per_s:10.0f} {c.ratio_to_embedcli:12.3f} {cos:>10}")
     lines.append(
         f"roofline: {report.flops_per_token / 1e6:.1f} MFLOP/token x {report.contenders[0].tokens_per_s:.0f} tok/s "
         f"/ {report.matmul_flops_per_s / 1e9:.1f} GFLOP/s matmul = {report.roofline_fraction:.3f}"
     )
+    onnx = next((c for c in report.contenders if c.name.startswith("ONNX Runtime")), None)
+    if onnx is not None:
+        lines.append(f"embedcli / ONNX Runtime fp32: {report.contenders[0].tokens_per_s / onnx.tokens_per_s:.2f}x")
     lines.append(f"peak RSS {report.peak_rss_mb:.0f} MiB")
+    if report.dtype_reason:
+        lines.append(f"dtype {report.dtype}: {report.dtype_reason}")
+    for t in report.startup:
+        lines.append(f"start-up: {t.name:44} {t.seconds:6.2f} s" + (f"  [{t.note}]" if t.note else ""))
     return "\n".join(lines)

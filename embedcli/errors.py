@@ -16,16 +16,19 @@ __all__ = [
     "EXIT_SKIPPED",
     "EXIT_USAGE",
     "STDIN",
+    "ConfigRefusedError",
     "EmbedcliError",
     "InputError",
     "LongInputError",
     "ModelConfigError",
     "ModelNotFoundError",
     "OutputError",
+    "OutputFormatError",
     "PoolingConfigError",
     "TooManyErrors",
     "UsageError",
     "display_path",
+    "printable",
 ]
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -34,9 +37,22 @@ STDIN = "-"
 """The path that means stdin (for inputs) or stdout (for outputs)."""
 
 
+def printable(text: str) -> str:
+    """`text` as valid UTF-8: undecodable file-name bytes as `\\xff`, lone surrogates as `\\udc00`."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:  # a non-UTF-8 file name, decoded by Python with surrogateescape
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def display_path(path: str, stream: str = "stdin") -> str:
-    """Return the path as shown to users (`-` becomes `<stdin>` or `<stdout>`)."""
-    return f"<{stream}>" if path == STDIN else path
+    """Return the path as shown to users (`-` becomes `<stdin>` or `<stdout>`), always valid UTF-8."""
+    return f"<{stream}>" if path == STDIN else printable(path)
 
 
 class EmbedcliError(Exception):
@@ -62,6 +78,12 @@ class PoolingConfigError(EmbedcliError, ValueError):
 
 class ModelConfigError(EmbedcliError, ValueError):
     """A model folder embedcli cannot serve, with the file at fault and the fix (exit 1)."""
+
+
+class ConfigRefusedError(ModelConfigError):
+    """A model file or flag value embedcli refuses on purpose, naming the file and key (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 class ModelNotFoundError(EmbedcliError, FileNotFoundError):
@@ -96,11 +118,11 @@ class InputError(EmbedcliError):
         fix: str | None = None,
     ) -> None:
         self.path = path
-        self.reason = reason
+        self.reason = printable(reason)
         self.location = location
-        self.record_id = record_id
-        self.fix = fix
-        super().__init__(path, reason, location, record_id, fix)
+        self.record_id = None if record_id is None else printable(record_id)
+        self.fix = None if fix is None else printable(fix)
+        super().__init__(path, self.reason, location, self.record_id, self.fix)
 
     def __str__(self) -> str:
         where = display_path(self.path)
@@ -133,12 +155,18 @@ class OutputError(EmbedcliError):
 
     def __init__(self, path: str, reason: str, *, fix: str | None = None) -> None:
         self.path = path
-        self.reason = reason
-        self.fix = fix
-        super().__init__(path, reason, fix)
+        self.reason = printable(reason)
+        self.fix = None if fix is None else printable(fix)
+        super().__init__(path, self.reason, self.fix)
 
     def __str__(self) -> str:
         text = f"cannot write {display_path(self.path, 'stdout')}: {self.reason}"
         if self.fix:
             text += f" — fix: {self.fix}"
         return text
+
+
+class OutputFormatError(OutputError):
+    """An output name whose extension promises a format embedcli does not write (a refused flag: exit 2)."""
+
+    exit_code = EXIT_USAGE

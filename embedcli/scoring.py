@@ -9,10 +9,17 @@ How each method scores a (left, right) = (query, document) pair, as vLLM's `/sco
   with the tokenizer's `longest_first` rule, as sentence-transformers' CrossEncoder does: one token at a
   time from whichever side is currently longer (so a short query is kept whole and the document is cut
   first), from the right (`--truncation-side left`: from the left); special tokens count toward the limit.
-- **cosine** (an embedding model): query and document are embedded independently — the query with the
-  model's `query` prompt, the document with its `document` (else `passage`, else `corpus`) prompt, as
-  sentence-transformers' `encode_query` / `encode_document` — and scored by the cosine of the float32
-  vectors (normalization does not change it; `--raw-scores` has no effect).
+- **cosine** (an embedding model, a bi-encoder): query and document are embedded independently — the query
+  with the model's `query` prompt, the document with its `document` (else `passage`, else `corpus`) prompt,
+  as sentence-transformers' `encode_query` / `encode_document` — and scored by the model's similarity, as
+  sentence-transformers' `model.similarity`: `similarity_fn_name` in config_sentence_transformers.json
+  (cosine, dot, euclidean = -L2 distance, manhattan = -L1 distance), cosine when it names none or when
+  `--method cosine` is asked for explicitly (`--raw-scores` has no effect).
+- **sparse** (a SPLADE model): query and document are encoded independently into sparse vocabulary vectors
+  (prompts as for cosine); score = their dot product (sentence-transformers' `SparseEncoder.similarity`).
+- **LLM reranker** (a causal LM scored by its yes/no logits): a cross-encoder whose pair is one prompt: the
+  pair template with `{query}`/`{document}` filled in (the document cut so the template's suffix stays), or,
+  without a template, the tokenizer's text pair (for a decoder: query tokens then document tokens).
 - **maxsim** (late interaction, ColBERT style): per-token vectors of both sides (every token, special tokens
   included, L2-normalized unless `--raw-scores`); score = Σ over query tokens of the max over document tokens
   of the dot product, in float32.
@@ -22,12 +29,13 @@ Neither side is stripped of whitespace (CrossEncoder and vLLM keep it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim")
+METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse")
+SparseVector = tuple[np.ndarray, np.ndarray]  # (indices, values), indices sorted and unique
 DOCUMENT_PROMPT_NAMES: tuple[str, ...] = ("document", "passage", "corpus")
 
 
@@ -47,6 +55,29 @@ def cosine_matrix(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
     return (_unit_rows(queries) @ _unit_rows(docs).T).astype(np.float32)
 
 
+def similarity_pairs(name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise `model.similarity` of `[n, d]` and `[n, d]` → `[n]` float32 (cosine, dot, euclidean, manhattan)."""
+    if name == "cosine":
+        return cosine_pairs(a, b)
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if name == "dot":
+        return np.sum(a64 * b64, axis=-1).astype(np.float32)
+    order = {"euclidean": 2, "manhattan": 1}[name]
+    return (-np.linalg.norm(a64 - b64, ord=order, axis=-1)).astype(np.float32)
+
+
+def similarity_matrix(name: str, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """`model.similarity` of every query against every document → `[q, n]` float32."""
+    if name == "cosine":
+        return cosine_matrix(queries, docs)
+    q64, d64 = np.asarray(queries, dtype=np.float64), np.asarray(docs, dtype=np.float64)
+    if name == "dot":
+        return (q64 @ d64.T).astype(np.float32)
+    order = {"euclidean": 2, "manhattan": 1}[name]
+    diff = q64[:, None, :] - d64[None, :, :]
+    return (-np.linalg.norm(diff, ord=order, axis=-1)).astype(np.float32)
+
+
 def maxsim(query: np.ndarray, doc: np.ndarray) -> float:
     """Late-interaction score: Σ over query tokens of the max over document tokens of the dot product (float32)."""
     q = np.asarray(query, dtype=np.float32)
@@ -64,6 +95,21 @@ def maxsim_matrix(queries: Sequence[np.ndarray], docs: Sequence[np.ndarray]) -> 
     for i, q in enumerate(queries):
         for j, d in enumerate(docs):
             out[i, j] = maxsim(q, d)
+    return out
+
+
+def sparse_dot(a: SparseVector, b: SparseVector) -> float:
+    """Dot product of two sparse vectors given as (sorted indices, values), accumulated in float64."""
+    _, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+    return float(np.dot(np.asarray(a[1], np.float64)[ia], np.asarray(b[1], np.float64)[ib]))
+
+
+def sparse_matrix(queries: Sequence[SparseVector], docs: Sequence[SparseVector]) -> np.ndarray:
+    """Sparse dot product of every query against every document → `[q, n]` float32."""
+    out = np.empty((len(queries), len(docs)), dtype=np.float32)
+    for i, q in enumerate(queries):
+        for j, d in enumerate(docs):
+            out[i, j] = sparse_dot(q, d)
     return out
 
 
@@ -112,17 +158,38 @@ def document_prompt(prompts: dict[str, str]) -> str:
 class PairScorer:
     """Scores pairs with one runner: builds the runner's inputs and turns its results into scores."""
 
-    def __init__(self, runner: Any, method: str, prompts: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        method: str,
+        prompts: dict[str, str] | None = None,
+        similarity: str = "cosine",
+        pair_format: Callable[[str, str], str] | None = None,
+    ) -> None:
         self.runner = runner
         self.method = method
+        self.similarity = similarity
+        # Cross-encoders whose pair is one templated prompt (LLM rerankers); None: a tokenizer text pair.
+        self.pair_format = pair_format
         prompts = prompts or {}
         self.query_prompt = prompts.get("query", "") if method != "cross-encoder" else ""
         self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
+        spec = getattr(getattr(runner, "model", None), "spec", None)
+        if (self.query_prompt or self.doc_prompt) and spec is not None and not spec.include_prompt:
+            from embedcli.pooling import PoolingConfigError
+
+            # The prompts are prepended here, per side; the runner could not leave their tokens out of pooling.
+            raise PoolingConfigError(
+                f"include_prompt=false ({spec.pooling_source}) with query/document prompts is not supported "
+                "for score and rerank; embed queries and documents with `embedcli embed --prompt-name`"
+            )
 
     # -- 1:1 pairs ---------------------------------------------------------------------------------
     def pair_inputs(self, lefts: Sequence[str], rights: Sequence[str]) -> list[Any]:
         """Runner inputs for the pairs (left_i, right_i)."""
         if self.method == "cross-encoder":
+            if self.pair_format is not None:
+                return [self.pair_format(q, d) for q, d in zip(lefts, rights, strict=True)]
             return list(zip(lefts, rights, strict=True))
         return [self.query_prompt + t for t in lefts] + [self.doc_prompt + t for t in rights]
 
@@ -132,7 +199,9 @@ class PairScorer:
             return np.asarray(result, dtype=np.float32).reshape(n, -1)[:, 0]
         if self.method == "cosine":
             vectors = np.asarray(result)
-            return cosine_pairs(vectors[:n], vectors[n:])
+            return similarity_pairs(self.similarity, vectors[:n], vectors[n:])
+        if self.method == "sparse":
+            return np.asarray([sparse_dot(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
         return np.asarray([maxsim(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
 
     # -- queries against documents -----------------------------------------------------------------
@@ -148,6 +217,8 @@ class PairScorer:
     def doc_inputs(self, queries: Sequence[str], docs: Sequence[str]) -> list[Any]:
         """Runner inputs scoring every query against `docs` (cross-encoders: all query x doc pairs, query-major)."""
         if self.method == "cross-encoder":
+            if self.pair_format is not None:
+                return [self.pair_format(q, d) for q in queries for d in docs]
             return [(q, d) for q in queries for d in docs]
         return [self.doc_prompt + d for d in docs]
 
@@ -156,5 +227,7 @@ class PairScorer:
         if self.method == "cross-encoder":
             return np.asarray(result, dtype=np.float32).reshape(num_queries, num_docs, -1)[..., 0]
         if self.method == "cosine":
-            return cosine_matrix(encoded_queries, np.asarray(result))
+            return similarity_matrix(self.similarity, encoded_queries, np.asarray(result))
+        if self.method == "sparse":
+            return sparse_matrix(encoded_queries, list(result))
         return maxsim_matrix(encoded_queries, list(result))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `auto` dtype decisions and ONNX exports go to a throwaway user cache, never the developer's own.
+os.environ.setdefault("EMBEDCLI_CACHE_DIR", tempfile.mkdtemp(prefix="embedcli-test-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -59,9 +59,11 @@ def test_unsupported_task(tiny_loaded) -> None:
         Runner(tiny_loaded("bert"), RunnerOptions(task="classify"))
 
 
-def test_dimensions_need_matryoshka(tiny_loaded) -> None:
-    with pytest.raises(PoolingConfigError, match="matryoshka"):
-        Runner(tiny_loaded("bert-st"), RunnerOptions(dimensions=8))
+def test_dimensions_without_matryoshka_truncate_with_a_note(tiny_loaded, capsys) -> None:
+    Runner(tiny_loaded("bert-st"), RunnerOptions(dimensions=8))
+    assert "declares no Matryoshka dimensions" in capsys.readouterr().err
+    with pytest.raises(PoolingConfigError, match="exceeds the embedding size 32"):
+        Runner(tiny_loaded("bert-st"), RunnerOptions(dimensions=33))
 
 
 def test_matryoshka_dimensions_slice_then_normalize(tiny_loaded) -> None:
@@ -82,13 +84,14 @@ def test_matryoshka_dimensions_slice_then_normalize(tiny_loaded) -> None:
 
 def test_prepare_strips_lowercases_and_prompts(tiny_loaded) -> None:
     loaded = tiny_loaded("bert-st")
-    assert Runner(loaded)._prepare("  Hello  ") == "Hello"
-    assert Runner(loaded, RunnerOptions(strip=False))._prepare(" Hi ") == " Hi "
-    assert Runner(loaded, RunnerOptions(prompt="query: "))._prepare(" Hi ") == "query: Hi"
+    # Whitespace is kept by default (sentence-transformers >= 5.4, vLLM, TEI); --strip opts in.
+    assert Runner(loaded)._prepare("  Hello  ") == "  Hello  "
+    assert Runner(loaded, RunnerOptions(strip=True))._prepare(" Hi ") == "Hi"
+    assert Runner(loaded, RunnerOptions(prompt="query: ", strip=True))._prepare(" Hi ") == "query: Hi"
     original = loaded.spec
     loaded.spec = replace(original, do_lower_case=True)
     try:
-        assert Runner(loaded)._prepare(" Hi THERE ") == "hi there"
+        assert Runner(loaded, RunnerOptions(strip=True))._prepare(" Hi THERE ") == "hi there"
     finally:
         loaded.spec = original
 

@@ -11,6 +11,13 @@ from typing import Literal
 import typer
 
 from embedcli.cli.app import app, run
+from embedcli.cli.families import (
+    OPT_CLASSIFIER_TOKENS,
+    OPT_INSTRUCTION,
+    OPT_PAIR_TEMPLATE,
+    OPT_PRESET,
+    reranker_flags,
+)
 from embedcli.cli.options import (
     INPUT,
     MODEL,
@@ -25,7 +32,6 @@ from embedcli.cli.options import (
     OPT_EMBED_PROMPT,
     OPT_EMBED_PROMPT_NAME,
     OPT_EMBED_QUANTIZE,
-    OPT_EMBED_STRIP,
     OPT_FORMAT,
     OPT_ID_COL,
     OPT_KEEP,
@@ -79,7 +85,7 @@ def embed(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     normalize: bool | None = OPT_EMBED_NORMALIZE,
-    strip: bool = OPT_EMBED_STRIP,
+    strip: bool = OPT_STRIP,
     dimensions: int | None = OPT_EMBED_DIMENSIONS,
     prompt: str | None = OPT_EMBED_PROMPT,
     prompt_name: str | None = OPT_EMBED_PROMPT_NAME,
@@ -143,7 +149,7 @@ def rerank(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
@@ -155,7 +161,17 @@ def rerank(
         False, "--return-documents", envvar=env("return-documents"), rich_help_panel=OUTPUT,
         help="Add each document's text as a 'text' column.",
     ),
+    group_col: str | None = typer.Option(
+        None, "--group-col", envvar=env("group-col"), rich_help_panel=INPUT,
+        help="Grouped candidates: each row is scored only against the query whose id is in this column, e.g. "
+        "`embedcli search v.parquet --queries q.jsonl --keep-cols text -o - | embedcli rerank - --queries q.jsonl "
+        "--group-col query_id ...`.",
+    ),
     raw_scores: bool = OPT_RAW_SCORES,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -171,11 +187,14 @@ def rerank(
     run(
         lambda: run_rerank(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+            ),
             RerankOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, query=query, queries=queries, query_col=query_col,
-                query_id_col=query_id_col, top_n=top_n, return_documents=return_documents,
+                query_id_col=query_id_col, top_n=top_n, return_documents=return_documents, group_col=group_col,
             ),
             OutputOptions(output, output_format, quiet, stats),
         )
@@ -211,12 +230,16 @@ def score(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
     truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
     raw_scores: bool = OPT_RAW_SCORES,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -230,7 +253,10 @@ def score(
     run(
         lambda: run_score(
             InputOptions(inputs, right_col if left is not None else left_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+            ),
             ScoreOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, left_col=left_col, right_col=right_col, left=left,
@@ -277,6 +303,7 @@ def classify(
         False, "--all-scores", envvar=env("all-scores"), rich_help_panel=OUTPUT,
         help="Add 'scores': every label's probability in label-id order (names in the output metadata).",
     ),
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -293,7 +320,10 @@ def classify(
     run(
         lambda: run_classify(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(
+                model, device, dtype, max_length, allow_pickle, trust_remote_code,
+                reranker=reranker_flags(classifier_from_tokens, None, None, None),
+            ),
             ClassifyOptions(
                 activation=activation, top_k=top_k, all_scores=all_scores, logit_mean=logit_mean,
                 logit_sigma=logit_sigma, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,

@@ -35,13 +35,13 @@ OPT_FORMAT = typer.Option(
 )
 OPT_MODEL = typer.Option(
     None, "-m", "--model", envvar=env("model"), rich_help_panel=MODEL,
-    help="Local model folder or model id resolved offline (hub cache or an installed package). "
-    "Default: sentence-transformers/all-MiniLM-L6-v2.",
+    help="Local model folder or Hub id (org/model[@revision]): a folder, the hub cache or an installed package "
+    "first; else downloaded (safetensors only) unless HF_HUB_OFFLINE is set. Default: sentence-transformers/all-MiniLM-L6-v2.",
 )
 OPT_DEVICE = typer.Option("auto", "--device", envvar=env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_DTYPE = typer.Option(
     "auto", "--dtype", envvar=env("dtype"), rich_help_panel=MODEL,
-    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX), else float32). Use float32 for bit-level parity with sentence-transformers.",
+    help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX) where the model passes its parity probe against float32 (decided once per model and cached; `embedcli info` shows it), else float32). Use float32 for bit-level parity with sentence-transformers.",
 )
 OPT_PICKLE = typer.Option(
     False, "--allow-pickle", envvar=env("allow-pickle"), rich_help_panel=MODEL, help="Allow loading pickle (.bin) weights; off: safetensors only."
@@ -88,8 +88,12 @@ OPT_LONG_NO_CHUNK = typer.Option(
     "--stats) or error (exit 1 naming the row, its file/line and id, and its token count).",
 )
 OPT_STRIP = typer.Option(
-    True, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
-    help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
+    False, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
+    help="Strip surrounding whitespace before tokenizing (off by default: whitespace is kept, as "
+    "sentence-transformers >= 5.4, vLLM and TEI do; --strip restores the old sentence-transformers rule). "
+    "A text with no tokens (empty, or whitespace-only on a tokenizer that adds no special tokens) is not a bad "
+    "row: it gets sentence-transformers' value, the zero pooled vector through the model's head (Dense, "
+    "normalize: a zero vector stays zero).",
 )
 OPT_ACTIVATION = typer.Option(
     "auto", "--activation", envvar=env("activation"), rich_help_panel=MODEL,
@@ -122,8 +126,9 @@ OPT_RETURNED_IDS = typer.Option(
 )
 OPT_METHOD = typer.Option(
     "auto", "--method", envvar=env("method"), rich_help_panel=MODEL,
-    help="How pairs are scored. auto: cross-encoder for a one-label classifier, cosine for an embedding "
-    "model; maxsim: late interaction over per-token vectors (ColBERT style).",
+    help="How pairs are scored. auto: cross-encoder for a one-label classifier or an LLM reranker, cosine for "
+    "an embedding model, sparse for a SPLADE model; maxsim: late interaction over per-token vectors (ColBERT "
+    "style); sparse: the dot product of sparse vectors.",
 )
 OPT_RAW_SCORES = typer.Option(
     False, "--raw-scores", envvar=env("raw-scores"), rich_help_panel=OUTPUT,
@@ -155,15 +160,12 @@ OPT_EMBED_NORMALIZE = typer.Option(
     "if it lists a Normalize module).",
     show_default=False,
 )
-OPT_EMBED_STRIP = typer.Option(
-    True, "--strip/--no-strip", envvar=env("strip"), rich_help_panel=INPUT,
-    help="Strip surrounding whitespace before tokenizing, as sentence-transformers does (vLLM and TEI keep it).",
-)
 OPT_EMBED_DIMENSIONS = typer.Option(
     None, "--dimensions", envvar=env("dimensions"), rich_help_panel=MODEL,
-    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. The model must "
-    "declare Matryoshka support (config.json matryoshka_dimensions or is_matryoshka) and N must be one of "
-    "its sizes and at most the embedding size; otherwise exit 2.",
+    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N must be at most "
+    "the embedding size, and one of the model's sizes when it lists them (config.json "
+    "matryoshka_dimensions); otherwise exit 2. A model that declares no Matryoshka support is truncated "
+    "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr.",
 )
 OPT_EMBED_PROMPT = typer.Option(
     None, "--prompt", envvar=env("prompt"), rich_help_panel=MODEL,

@@ -22,9 +22,10 @@ def _env(flag: str) -> str:
     return "EMBEDCLI_" + flag.upper().replace("-", "_")
 
 
-def _options() -> list[tuple[str, Any, Any]]:
-    """(parameter name, annotation, typer.Option) of every flag the decorator adds."""
-    d = RunFlags()
+def _options(on_error: str | None = None) -> list[tuple[str, Any, Any]]:
+    """(parameter name, annotation, typer.Option) of every flag the decorator adds (`on_error`: the
+    command's own default for --on-error)."""
+    d = RunFlags(on_error=on_error or RunFlags.on_error)
     return [
         ("overwrite", bool, typer.Option(
             False, "--overwrite", envvar=_env("overwrite"), rich_help_panel=RESUME,
@@ -106,13 +107,16 @@ def _distributed_options() -> list[tuple[str, Any, Any]]:
     ]
 
 
-def unattended(fn: Callable[..., Any]) -> Callable[..., Any]:
+def unattended(fn: Callable[..., Any] | None = None, *, on_error: str | None = None) -> Any:
     """Decorator for compute commands: adds the resume/error/progress flags; the body gets them as `flags`.
 
     Put it under `@app.command(...)`; the body takes a keyword `flags: RunFlags` that typer does not see. SIGTERM is turned into KeyboardInterrupt for the whole command,
-    so a run stopped before its loop starts still exits 130.
+    so a run stopped before its loop starts still exits 130. `@unattended(on_error="skip")` gives a command
+    its own --on-error default.
     """
-    options = _options()
+    if fn is None:
+        return lambda f: unattended(f, on_error=on_error)
+    options = _options(on_error)
     names = {name for name, _, _ in options}
     signature = inspect.signature(fn)
     hints = typing.get_type_hints(fn)

@@ -8,6 +8,13 @@ import sys
 import typer
 
 from embedcli.cli.app import app, run
+from embedcli.cli.families import (
+    OPT_CLASSIFIER_TOKENS,
+    OPT_INSTRUCTION,
+    OPT_PAIR_TEMPLATE,
+    OPT_PRESET,
+    reranker_flags,
+)
 from embedcli.cli.options import OPT_MAX_TOKENS, OPT_MODEL, OPT_PICKLE, OPT_REMOTE, OPT_TEXT_COL, env
 
 
@@ -17,13 +24,18 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
+    classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
+    pair_template: str | None = OPT_PAIR_TEMPLATE,
+    instruction: str | None = OPT_INSTRUCTION,
+    reranker_preset: str | None = OPT_PRESET,
 ) -> None:
     """Show what would run for a model: architecture, pooling, normalize, projector, max length, and the tasks
     and commands it supports (asking a model for another task is a usage error, exit 2)."""
     from embedcli.tasks.info import model_info
 
     def show() -> int:
-        data = model_info(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        reranker = reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset)
+        data = model_info(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, reranker=reranker)
         if as_json:
             json.dump(data, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
@@ -35,9 +47,14 @@ def info(
         for key in (
             "name", "path", "architecture", "model_type", "head", "seq_pooling_type", "normalize",
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
-            "similarity_fn_name", "tasks", "commands", "config_hash",
+            "tasks", "commands", "config_hash", "dtype_auto",
         ):
             table.add_row(key, str(data.get(key)))
+        for key, value in data["choices"].items():
+            table.add_row(key, value)
+        for key in ("score_tokens", "score_token_ids", "pair_format", "instruction", "score_formula", "sparse_head"):
+            if data.get(key):  # LLM reranker / SPLADE only
+                table.add_row(key, str(data[key]))
         table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
         table.add_row("prompts", ", ".join(name for name, _ in data["prompts"]) or "none")
         Console().print(table)
@@ -57,15 +74,18 @@ def bench(
     text_col: str = OPT_TEXT_COL,
     limit: int | None = typer.Option(None, "--limit", help="Use only the first N texts."),
     threads: int | None = typer.Option(None, "--threads", help="Torch threads for every contender (default: all cores)."),
-    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16."),
+    dtype: str = typer.Option("float32", "--dtype", help="embedcli's dtype: float32, bfloat16, auto (parity-probed)."),
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     no_transformers: bool = typer.Option(False, "--no-transformers", help="Skip the plain-transformers contender."),
+    no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX Runtime float32 contender (extra: onnx)."),
+    no_startup: bool = typer.Option(False, "--no-startup", help="Skip the start-up timings of fresh processes."),
     mixed: bool = typer.Option(
         False, "--mixed", help="Default corpus as mixed lengths: headlines, first paragraphs and whole articles in turn."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Time embedcli end to end (file in, Parquet out) against sentence-transformers and transformers, same threads."""
+    """Time embedcli end to end (file in, Parquet out) against sentence-transformers, transformers and ONNX Runtime,
+    same threads; then the start-up of fresh processes on a one-row file."""
     from embedcli.bench import bbc_mixed_texts, bbc_texts, format_report, read_texts, run_bench
 
     def go() -> int:
@@ -76,6 +96,7 @@ def bench(
         report = run_bench(
             texts, model=model, corpus_name=corpus or ("bbc mixed lengths" if mixed else "bbc articles"), threads=threads, dtype=dtype,
             max_batch_tokens=max_batch_tokens, include_transformers=not no_transformers,
+            include_onnx=not no_onnx, include_startup=not no_startup,
             log=lambda s: typer.echo(f"bench: {s}", err=True),
         )
         if as_json:

@@ -38,7 +38,7 @@ def embed_recipe(
     *,
     max_batch_tokens: int | None = None,
     normalize: bool | None = None,
-    strip: bool = True,
+    strip: bool = False,
     dimensions: int | None = None,
     prompt: str | None = None,
     prompt_name: str | None = None,

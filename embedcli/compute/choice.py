@@ -23,6 +23,8 @@ def commands_for(spec: ModelSpec) -> list[str]:
         commands.append("classify")
     if "token_classify" in spec.tasks:
         commands.append("token-classify")
+    if "sparse_embed" in spec.tasks:
+        commands.append("sparse-embed")
     return commands
 
 

@@ -27,7 +27,11 @@ finished when seq_lens == prompt_lens). Only finished sequences get a result:
 - MEAN: each slice's float32 segment sum is added to a per-sequence running sum, divided by the whole
   prompt length once, on the final slice (vLLM rejects MEAN on a partial prefill; embedcli does not);
 - CLS: the first token of the first slice, kept until the final slice;
-- ALL/STEP (token tasks): the pooler's own per-sequence hidden-state cache concatenates the slices.
+- ALL/STEP (token tasks): the pooler's own per-sequence hidden-state cache concatenates the slices;
+- sentence-transformers modes (max, weightedmean, mean_sqrt_len, concatenations, include_prompt=false):
+  each slice's `SegmentAccumulator` (sums, counts, position weights, max, first/last token) is merged into
+  the sequence's running one; positions are global, so the prompt's tokens and weightedmean's weights are
+  those of the whole sequence. Every mode carries; none is refused.
 
 The head (projector, Matryoshka slice, normalize / classifier) runs once, on the finished vector.
 """
@@ -46,6 +50,7 @@ from embedcli.models.packing import PackInfo
 from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata, PoolingState
 from embedcli.pooling.methods import CLSPool, LastPool, MeanPool, segment_sum_float32
 from embedcli.pooling.params import PoolingParams
+from embedcli.pooling.st_pooling import SegmentAccumulator, SentenceTransformerPool
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ def plan_forwards(lengths: np.ndarray, budget: int, sliceable: bool) -> tuple[li
     """Forwards for sequences of `lengths` under `budget`; also (sliced, solo) sequence counts."""
     order = np.argsort(-lengths, kind="stable").tolist()
     long_seqs = [i for i in order if int(lengths[i]) > budget]
-    short = [i for i in order if int(lengths[i]) <= budget]
+    # A sequence of no tokens is pooled without a forward (Runner.run_encoded).
+    short = [i for i in order if 0 < int(lengths[i]) <= budget]
     forwards: list[PlannedForward] = []
     if not sliceable:
         for i in long_seqs:
@@ -136,6 +142,7 @@ class SliceState:
     running_sum: torch.Tensor | None = None  # MEAN: float32 sum of the token states so far
     first: torch.Tensor | None = None  # CLS: the first token's state
     pooling_state: PoolingState = field(default_factory=PoolingState)  # ALL/STEP: cached slices
+    accumulator: SegmentAccumulator | None = None  # sentence-transformers modes: partial results so far
 
 
 def forward_with_slice(
@@ -161,12 +168,9 @@ def forward_with_slice(
     pos = torch.cat(positions).to(device)
     prefix = PrefixSlice(state.cache, piece.length)
     with torch.inference_mode(), model.compute_context():
-        out = model.backbone(
-            input_ids=ids.to(device)[None], position_ids=pos[None], use_cache=False,
-            embedcli_pack=pack, embedcli_prefix=prefix,
-        )
+        hidden = model.forward_with_prefix(ids.to(device), pos, pack, prefix)
     state.cache.advance(piece.length)
-    return out.last_hidden_state[0]
+    return hidden
 
 
 def _subset(cursor: PoolingCursor, idx: torch.Tensor) -> PoolingCursor:
@@ -191,6 +195,14 @@ def pool_forward(
     head = getattr(pooler, "head", None)
     if method is None or head is None:
         raise RuntimeError(f"{type(pooler).__name__} cannot pool a chunked prefill (no method + head)")
+    if isinstance(method, SentenceTransformerPool):
+        # Every sentence-transformers mode carries: sums, counts, weights, max, first and last token states.
+        acc = method.accumulate(hidden, cursor, method.skip(metadata))
+        for i, state in enumerate(states):
+            if state is not None:
+                state.accumulator = acc.row(i) if state.accumulator is None else state.accumulator.merge(acc.row(i))
+                acc.put(i, state.accumulator)
+        return _finish(head, method.finish(acc), metadata)
     if not isinstance(method, (LastPool, MeanPool, CLSPool)):
         # Token methods (ALL/STEP) keep their own per-sequence caches of the slices.
         metadata.pooling_states = [s.pooling_state if s is not None else PoolingState() for s in states]
@@ -212,6 +224,12 @@ def pool_forward(
                 if first_slice[i]:
                     state.first = pooled[i].clone()
                 pooled[i] = state.first
+    return _finish(head, pooled, metadata)
+
+
+def _finish(head, pooled: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor | None]:  # type: ignore[no-untyped-def]
+    """The head over the finished sequences' pooled vectors; `None` for the unfinished."""
+    cursor = metadata.cursor
     finished = cursor.is_finished()
     idx = torch.nonzero(finished).flatten()
     results: list[torch.Tensor | None] = [None] * len(cursor)
@@ -237,12 +255,15 @@ def run_long(
     stats: Any,
     with_token_ids: bool,
     sliceable: bool,
+    prompt_tokens: int,
 ) -> None:
     """Fill `results` for a tokenized batch `enc` with sequences over the token `budget`.
 
     `forward(members)` runs whole sequences packed (the runner's forward + pooler); `params_of(i)` is
-    sequence i's pooling request. Sliceable (decoder) sequences run in slices through `model` with a KV
-    cache and are pooled by `pooler`; otherwise each long sequence runs alone through `forward`.
+    sequence i's pooling request; pooling leaves out each sequence's first `prompt_tokens` tokens
+    (sentence-transformers include_prompt=false). Sliceable (decoder) sequences run in slices through
+    `model` with a KV cache and are pooled by `pooler`; otherwise each long sequence runs alone through
+    `forward`.
     """
     lengths = enc.lengths
     forwards, _, _ = plan_forwards(lengths, budget, sliceable)
@@ -273,6 +294,7 @@ def run_long(
         metadata = PoolingMetadata.from_cu_seqlens(
             torch.from_numpy(cu), [params_of(i) for i in order], token_ids=flat if with_token_ids else None,
             prompt_lens=[*lens[:-1], piece.total], seq_lens=[*lens[:-1], piece.end],
+            prompt_token_lens=[prompt_tokens] * len(order) if prompt_tokens else None,
         )
         outs = pool_forward(pooler, hidden, metadata, [*([None] * len(fwd.members)), state])
         for i, out in zip(order, outs, strict=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,8 +16,10 @@ import torch
 
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
+from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
 from embedcli.models.loader import LoadedModel
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
+from embedcli.pooling.poolers import pool_empty
 
 LongInputs = Literal["truncate", "error", "chunk"]
 TextInput = str | tuple[str, str]
@@ -36,8 +39,8 @@ class RunnerOptions:
     max_length: int | None = None
     long_inputs: LongInputs = "truncate"
     truncation_side: Literal["right", "left"] = "right"
-    # sentence-transformers strips whitespace before tokenizing; we follow it for parity (vLLM/TEI keep it).
-    strip: bool = True
+    # Whitespace is kept, as sentence-transformers >= 5.4, vLLM and TEI do; `--strip` opts in to the old rule.
+    strip: bool = False
     prompt: str = ""
     normalize: bool | None = None
     dimensions: int | None = None
@@ -121,6 +124,11 @@ class Runner:
             )
         if self.options.long_inputs == "chunk" and task != "embed":
             raise PoolingConfigError(f"--long-inputs chunk applies to embed only, not {task!r}")
+        if self.options.long_inputs == "chunk" and not spec.chunkable:
+            raise PoolingConfigError(
+                f"--long-inputs chunk is not defined for pooling {spec.seq_pooling_type} ({spec.pooling_source}): "
+                "a token-weighted mean of chunk vectors equals no whole-row value; use truncate or error"
+            )
         self.max_length = self.options.max_length or spec.max_length
         budget = self.options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(model.device.type, 2048)
         self.max_batch_tokens = int(budget)
@@ -140,6 +148,33 @@ class Runner:
         self.stats = RunStats()
         self._tokenizer = model.tokenizer
         self._special_ids = model.hf_tokenizer.all_special_ids
+        self._clip_bound = clip_bound(self._tokenizer, self.max_length)
+        self._prompt_tokens = self._excluded_prompt_tokens()
+        if self.options.dimensions is not None and not (spec.is_matryoshka or spec.matryoshka_dimensions):
+            print(
+                f"embedcli: note: {spec.name} declares no Matryoshka dimensions (not trained for truncation); "
+                f"keeping its first {self.options.dimensions} of {spec.embedding_size} dims anyway",
+                file=sys.stderr,
+            )
+
+    def _excluded_prompt_tokens(self) -> int:
+        """Prompt tokens pooling leaves out (sentence-transformers include_prompt=false), 0 when none."""
+        from embedcli.models.st_config import prompt_token_count
+
+        spec = self.model.spec
+        if spec.include_prompt or self.options.task != "embed":
+            return 0
+        count = prompt_token_count(self._tokenizer, self._special_ids, self.options.prompt)
+        if count and self.options.truncation_side == "left":
+            # Cutting from the left would eat the prompt, and the first `count` tokens left would be text.
+            raise PoolingConfigError(
+                f"--truncation-side left with include_prompt=false ({spec.pooling_source}) and a prompt is not supported"
+            )
+        return count
+
+    def prompt_token_lens(self, num_seqs: int) -> torch.Tensor | None:
+        """Leading prompt tokens to exclude from pooling for each of `num_seqs` sequences (None: none)."""
+        return torch.full((num_seqs,), self._prompt_tokens, dtype=torch.long) if self._prompt_tokens else None
 
     # -- tokenize ----------------------------------------------------------------------------------
     def _prepare(self, text: str) -> str:
@@ -160,7 +195,13 @@ class Runner:
         prepared: list[Any] = [
             (self._prepare(t[0]), t[1]) if isinstance(t, tuple) else self._prepare(t) for t in texts
         ]
-        encodings = tok.encode_batch(prepared)
+        if mode == "truncate":  # cut huge texts by characters first; same tokens (embedcli.models.char_clip)
+            clipped, cut = clip_texts(prepared, self._clip_bound, self.options.truncation_side)
+            encodings = tok.encode_batch(clipped)
+            for i in unsafe_cuts(clipped, encodings, cut, self.options.truncation_side):
+                encodings[i] = tok.encode(prepared[i])
+        else:
+            encodings = tok.encode_batch(prepared)
         ids: list[np.ndarray] = []
         types: list[np.ndarray] = []
         owner: list[int] = []
@@ -201,6 +242,8 @@ class Runner:
         used = 0
         for i in order.tolist():
             n = int(lengths[i])
+            if n == 0:
+                continue  # pooled without a forward (run_encoded)
             if current and used + n > self.max_batch_tokens:
                 packs.append(np.asarray(current))
                 current, used = [], 0
@@ -226,7 +269,8 @@ class Runner:
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu[1:])
         metadata = PoolingMetadata.from_cu_seqlens(
-            torch.from_numpy(cu), params, token_ids=flat if self.needs_token_ids else None
+            torch.from_numpy(cu), params, token_ids=flat if self.needs_token_ids else None,
+            prompt_token_lens=self.prompt_token_lens(len(seqs)),
         )
         with torch.inference_mode():
             out = self.pooler(hidden, metadata)
@@ -246,10 +290,14 @@ class Runner:
                 forward=lambda members: self._forward(enc, members), params_of=lambda i: self.params_for(enc, i),
                 stats=self.stats, with_token_ids=self.needs_token_ids,
                 sliceable=bool(self.model.spec.is_decoder) and self.options.chunked_prefill,
+                prompt_tokens=self._prompt_tokens,
             )
         for members in [] if over_budget else self._packs(enc.lengths):
             for i, out in zip(members.tolist(), self._forward(enc, members), strict=True):
                 results[i] = out
+        for i in np.flatnonzero(enc.lengths == 0).tolist():
+            # No tokens (empty text on a tokenizer without special tokens): the zero vector through the head.
+            results[i] = pool_empty(self.pooler, self.params_for(enc, i), self.model.spec.pooled_size, self.model.device)
         self.stats.rows += enc.num_rows
         combined = self._combine(enc, results)
         self.stats.seconds["compute"] += time.perf_counter() - start
@@ -259,6 +307,8 @@ class Runner:
         if self.params.task in ("token_embed", "token_classify"):
             values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
             return TokenRows(list(enc.ids), values) if self.options.with_token_ids else values
+        if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index
+            return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]
         if enc.num_rows == len(results):
             if not results:
                 width = self.params.dimensions or self.model.spec.embedding_size
@@ -274,7 +324,7 @@ class Runner:
         the row is L2-normalized afterwards when normalization is on. vLLM instead averages the already
         normalized chunk vectors and leaves the mean un-normalized; without normalization both agree.
         """
-        weights = enc.lengths.astype(np.float64)
+        weights = np.maximum(enc.lengths, 1).astype(np.float64)
         first = results[0]
         assert first is not None
         out = np.zeros((enc.num_rows, first.shape[-1]), dtype=np.float64)

@@ -278,7 +278,7 @@ def embed_spec(
     max_length: int | None = None,
     normalize: bool | None = None,
     max_batch_tokens: int | None = None,
-    strip: bool = True,
+    strip: bool = False,
     dimensions: int | None = None,
     prompt: str | None = None,
     prompt_name: str | None = None,

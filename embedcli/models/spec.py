@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from embedcli.errors import ModelConfigError
+from embedcli.errors import ConfigRefusedError, ModelConfigError
+from embedcli.models.families import FAMILY_FIELDS, read_reranker, read_splade
+from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
+from embedcli.models.st_config import (
+    MODE_TYPES,
+    ST_CONFIG,
+    ST_TYPES,
+    PoolingChoice,
+    check_activation,
+    read_classifier_activation,
+    read_json,
+    read_pooling,
+    read_similarity,
+    refuse_modular_cross_encoder,
+)
 
 DECODER_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
@@ -18,24 +32,7 @@ ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpne
 # Encoders whose position ids start after the padding index (fairseq style).
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
 
-# Module class paths in modules.json: the classic `sentence_transformers.models.*` names, and the ones
-# sentence-transformers >= 6 writes when it saves a model (`base.modules.*`, `sentence_transformer.modules.*`).
-_ST_TYPES = {
-    "dense": (
-        "sentence_transformers.models.Dense",
-        "sentence_transformers.base.modules.dense.Dense",
-        "pylate.models.Dense.Dense",
-    ),
-    "normalize": ("sentence_transformers.models.Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
-    "pooling": (
-        "sentence_transformers.models.Pooling",
-        "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
-    ),
-    "transformer": (
-        "sentence_transformers.models.Transformer",
-        "sentence_transformers.base.modules.transformer.Transformer",
-    ),
-}
+__all__ = ["ConfigRefusedError", "DenseSpec", "ModelConfigError", "ModelSpec", "load_model_spec"]
 
 
 @dataclass(frozen=True)
@@ -57,12 +54,12 @@ class ModelSpec:
     path: str
     architecture: str
     model_type: str
-    head: str  # "base" | "sequence_classification" | "token_classification"
+    head: str  # "base" | "sequence_classification" | "token_classification" | "lm_score" | "sparse"
     is_decoder: bool
     hidden_size: int
     max_length: int
     do_lower_case: bool
-    seq_pooling_type: str
+    seq_pooling_type: str  # CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN, WEIGHTEDMEAN; several joined by "+"
     normalize: bool
     projector: tuple[DenseSpec, ...] = ()
     embedding_size: int = 0
@@ -76,7 +73,27 @@ class ModelSpec:
     problem_type: str | None = None
     st_activation: str | None = None
     sentence_transformers_layout: bool = False
+    pooling_modes: tuple[str, ...] = ()  # sentence-transformers names, concatenated in this order
+    include_prompt: bool = True
+    pooling_source: str = ""
+    # Classifier activation under sentence-transformers' CrossEncoder rules (import path); None: vLLM's rule.
+    ce_activation: str | None = None
+    activation_source: str = ""
+    similarity_source: str = ""
     weights: tuple[str, ...] = ()
+    # LLM reranker (head "lm_score"): the scoring tokens (false, true) or (token,), their ids, the pair
+    # template ({query}/{document}/{instruction}; None: the tokenizer's text pair) and its instruction.
+    score_tokens: tuple[str, ...] = ()
+    score_token_ids: tuple[int, ...] = ()
+    pair_template: str | None = None
+    instruction: str | None = None
+    # (sentence-transformers 6 "message" modality): pairs rendered by the tokenizer's chat template with these
+    # apply_chat_template kwargs; None: not a chat-template reranker.
+    pair_chat_template: tuple[tuple[str, Any], ...] | None = None
+    # SPLADE (head "sparse"): max or sum over tokens, relu or log1p_relu, default top-k (ST max_active_dims).
+    sparse_pooling: str | None = None
+    sparse_activation: str | None = None
+    sparse_top_k: int | None = None
     content_hash: str = field(default="", compare=False)
 
     @property
@@ -86,6 +103,10 @@ class ModelSpec:
             return ("classify",)
         if self.head == "token_classification":
             return ("token_classify",)
+        if self.head == "lm_score":
+            return ("classify",)
+        if self.head == "sparse":
+            return ("sparse_embed",)
         return ("embed", "token_embed")
 
     @property
@@ -93,9 +114,23 @@ class ModelSpec:
         """How pairs are scored: cross-encoder, bi-encoder cosine or late interaction (vLLM score types)."""
         if self.head == "sequence_classification":
             return "cross-encoder" if self.num_labels == 1 else None
+        if self.head == "lm_score":
+            return "cross-encoder"
+        if self.head == "sparse":
+            return "sparse"
         if self.head == "base":
             return "bi-encoder"
         return None
+
+    @property
+    def pooled_size(self) -> int:
+        """Width of the pooled vector before any projector or classifier (hidden size times the modes)."""
+        return self.hidden_size * max(1, len(self.pooling_modes)) if self.head == "base" else self.hidden_size
+
+    @property
+    def chunkable(self) -> bool:
+        """Whether `--long-inputs chunk` (a token-weighted mean of chunk vectors) is defined for the pooling."""
+        return self.include_prompt and self.seq_pooling_type in ("CLS", "MEAN", "LAST")
 
     def prompt(self, name: str) -> str:
         """The prompt text registered under `name`, or a ValueError listing the names there are."""
@@ -110,6 +145,25 @@ class ModelSpec:
         data = asdict(self)
         data["tasks"] = list(self.tasks)
         data["score_type"] = self.score_type
+        if self.head == "lm_score":
+            from embedcli.models.llm_reranker import score_formula
+
+            data["score_formula"] = score_formula(self.score_tokens)
+            if self.pair_template is not None:
+                data["pair_format"] = f"template {self.pair_template!r}"
+            elif self.pair_chat_template is not None:
+                data["pair_format"] = (
+                    "the tokenizer's chat template, messages [query, document] "
+                    f"(apply_chat_template kwargs {dict(self.pair_chat_template)})"
+                )
+            else:
+                data["pair_format"] = "the tokenizer's text pair (a decoder: query tokens then document tokens)"
+        if self.head == "sparse":
+            data["sparse_head"] = (
+                f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
+                f" -> {self.sparse_pooling} over tokens -> {self.embedding_size}-dim sparse vector"
+                + (f", top {self.sparse_top_k}" if self.sparse_top_k else "")
+            )
         return data
 
     def config_hash(self) -> str:
@@ -117,47 +171,19 @@ class ModelSpec:
         data = self.to_dict()
         for volatile in ("name", "path"):
             data.pop(volatile)
+        # Fields of the LLM-reranker and SPLADE heads are left out while unset, so every other model keeps
+        # the hash (and its outputs stay resumable and --incremental) across this addition.
+        for key in FAMILY_FIELDS:
+            if data.get(key) in (None, (), []):
+                data.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with path.open(encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{path}: not valid JSON ({e}); restore the file from the model's source") from e
-    if not isinstance(data, (dict, list)):
-        raise ModelConfigError(f"{path}: expected a JSON object")
-    return data  # type: ignore[return-value]
-
-
-def _st_pooling_type(path: Path) -> str:
-    """The single pooling mode of a sentence-transformers Pooling config; anything else is rejected."""
-    cfg = _read_json(path)
-    if "pooling_mode" in cfg and isinstance(cfg["pooling_mode"], str):
-        modes = [cfg["pooling_mode"]]
-    else:
-        modes = [k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
-    mapping = {"cls_token": "CLS", "cls": "CLS", "mean_tokens": "MEAN", "mean": "MEAN", "lasttoken": "LAST"}
-    if len(modes) != 1 or modes[0] not in mapping:
-        found = ", ".join(modes) or "none"
-        raise ModelConfigError(
-            f"{path}: pooling modes [{found}] are not supported; embedcli implements exactly one of "
-            "cls_token, mean_tokens, lasttoken (vLLM would silently fall back; we refuse instead). "
-            "Edit the file to one supported mode if that is what you want."
-        )
-    if cfg.get("include_prompt") is False:
-        raise ModelConfigError(
-            f"{path}: include_prompt=false (excluding prompt tokens from pooling) is not supported"
-        )
-    return mapping[modes[0]]
 
 
 def _dense_spec(folder: Path, rel: str) -> DenseSpec:
     cfg_path = folder / rel / "config.json"
     if not cfg_path.is_file():
         raise ModelConfigError(f"{cfg_path}: missing; the Dense module {rel!r} in modules.json cannot be loaded")
-    cfg = _read_json(cfg_path)
+    cfg = read_json(cfg_path)
     if cfg.get("use_residual"):
         # sentence-transformers >= 6: output = activation(linear(x)) + x (or a projected x); not implemented.
         raise ModelConfigError(f"{cfg_path}: use_residual=true (a residual Dense) is not supported")
@@ -167,7 +193,9 @@ def _dense_spec(folder: Path, rel: str) -> DenseSpec:
             in_features=int(cfg["in_features"]),
             out_features=int(cfg["out_features"]),
             bias=bool(cfg.get("bias", True)),
-            activation=str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")),
+            activation=check_activation(
+                cfg.get("activation_function", "torch.nn.modules.activation.Tanh"), cfg_path, "activation_function"
+            ),
         )
     except KeyError as e:
         raise ModelConfigError(f"{cfg_path}: missing key {e}") from e
@@ -184,6 +212,10 @@ def _head_kind(architecture: str) -> str:
 def _weights(folder: Path, allow_pickle: bool) -> tuple[str, ...]:
     safetensors = sorted(p.name for p in folder.glob("*.safetensors"))
     if safetensors:
+        from embedcli.models.weights_file import check_safetensors  # imports this module
+
+        for name in safetensors:
+            check_safetensors(folder / name)  # a truncated file: one line now, not a SafetensorError later
         return tuple(safetensors)
     pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     if pickled:
@@ -209,19 +241,23 @@ def _hash_files(folder: Path, names: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_model_spec(
-    model: str | None,
-    *,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    max_length: int | None = None,
-) -> ModelSpec:
-    """Resolve `model` offline and read its configuration into a `ModelSpec`."""
-    folder = resolve_model_path(model)
+@dataclass(frozen=True)
+class _BaseConfig:
+    """What config.json says: architecture, head, model type and size."""
+
+    config: dict[str, Any]
+    architecture: str
+    model_type: str
+    head: str
+    is_decoder: bool
+    hidden: int
+
+
+def _read_base_config(folder: Path, trust_remote_code: bool) -> _BaseConfig:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelConfigError(f"{config_path}: missing; pass a model folder that holds config.json")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     if config.get("auto_map") and not trust_remote_code:
         raise ModelConfigError(
             f"{config_path}: the model asks for its own Python code (auto_map); embedcli does not run remote "
@@ -236,88 +272,176 @@ def load_model_spec(
         )
     if not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
         raise ModelConfigError(f"{folder}: no tokenizer files (tokenizer.json) found; the model folder is incomplete")
-    weights = _weights(folder, allow_pickle)
-    is_decoder = model_type in DECODER_TYPES
-    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
-    head = _head_kind(architecture)
+    return _BaseConfig(
+        config=config,
+        architecture=architecture,
+        model_type=model_type,
+        head=_head_kind(architecture),
+        is_decoder=model_type in DECODER_TYPES,
+        hidden=int(config.get("hidden_size") or config.get("dim") or 0),
+    )
 
+
+@dataclass(frozen=True)
+class _Modules:
+    """What modules.json and its module folders say: pooling, projector, normalization."""
+
+    st_layout: bool
+    pooling: PoolingChoice
+    normalize: bool
+    projector: tuple[DenseSpec, ...]
+    types: tuple[str, ...]
+    splade: dict[str, Any] | None = None  # a SparseEncoder's SpladePooling config
+    logit_score: dict[str, Any] | None = None  # a causal-LM CrossEncoder's LogitScore config
+
+
+def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
     modules_path = folder / "modules.json"
-    st_layout = modules_path.is_file()
-    seq_pooling = "LAST" if is_decoder else "CLS"
-    normalize = True
+    default_mode = "lasttoken" if base.is_decoder else "cls"
+    why = f"the {base.architecture} head's token" if base.head != "base" else "no Pooling module, as vLLM"
+    pooling = PoolingChoice((default_mode,), True, f"default ({default_mode}: {why})")
+    if not modules_path.is_file():
+        return _Modules(False, pooling, True, (), ())
+    modules = read_json(modules_path)
+    types = tuple(str(m.get("type", "")) for m in modules)
     projector: list[DenseSpec] = []
-    if st_layout:
-        modules = _read_json(modules_path)
-        types = [m.get("type", "") for m in modules]
-        normalize = any(t in _ST_TYPES["normalize"] for t in types)
-        for module in modules:
-            kind = module.get("type", "")
-            if kind in _ST_TYPES["pooling"]:
-                seq_pooling = _st_pooling_type(folder / module["path"] / "config.json")
-            elif kind in _ST_TYPES["dense"]:
-                projector.append(_dense_spec(folder, module["path"]))
-            elif kind not in _ST_TYPES["normalize"] + _ST_TYPES["transformer"]:
-                raise ModelConfigError(f"{modules_path}: module type {kind!r} is not supported")
+    family: dict[str, dict[str, Any]] = {}
+    for module, kind in zip(modules, types, strict=True):
+        if kind in ST_TYPES["pooling"]:
+            pooling = read_pooling(folder / module["path"] / "config.json", folder)
+        elif kind in ST_TYPES["dense"]:
+            projector.append(_dense_spec(folder, module["path"]))
+        elif kind in ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]:
+            key = "splade_pooling" if kind in ST_TYPES["splade_pooling"] else "logit_score"
+            family[key] = read_json(folder / module["path"] / "config.json")
+        elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]:
+            raise ConfigRefusedError(f"{modules_path}: module type {kind!r} is not supported")
+    pooled = base.hidden * len(pooling.modes)
+    if projector and projector[0].in_features != pooled:
+        raise ModelConfigError(
+            f"{folder / projector[0].path / 'config.json'}: Dense in_features {projector[0].in_features} "
+            f"does not match the pooled size {pooled} (hidden {base.hidden} x {len(pooling.modes)} pooling modes)"
+        )
+    normalize = any(t in ST_TYPES["normalize"] for t in types)
+    return _Modules(True, pooling, normalize, tuple(projector), types, family.get("splade_pooling"),
+                    family.get("logit_score"))
 
-    st_cfg_path = folder / "config_sentence_transformers.json"
-    st_cfg = _read_json(st_cfg_path) if st_cfg_path.is_file() else {}
-    sbert_path = folder / "sentence_bert_config.json"
-    sbert = _read_json(sbert_path) if sbert_path.is_file() else {}
 
-    model_max = int(config.get("max_position_embeddings") or 512)
-    if model_type in POSITION_OFFSET_TYPES:
+def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layout: bool, requested: int | None) -> int:
+    model_max = int(base.config.get("max_position_embeddings") or 512)
+    if base.model_type in POSITION_OFFSET_TYPES:
         model_max -= 2
+    if requested is not None:
+        if requested < 1 or requested > model_max:
+            raise ConfigRefusedError(
+                f"--max-length {requested} is outside 1..{model_max} for this model "
+                f"({folder / 'config.json'}: max_position_embeddings)"
+            )
+        return requested
     st_max = sbert.get("max_seq_length")
     if st_layout and not st_max:
         # sentence-transformers >= 6 keeps the limit in the tokenizer config, not sentence_bert_config.json.
         tok_cfg_path = folder / "tokenizer_config.json"
-        tok_max = _read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
+        tok_max = read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
         if isinstance(tok_max, int) and 0 < tok_max < model_max:
             st_max = tok_max
-    resolved_max = int(st_max or model_max)
-    if max_length is not None:
-        if max_length < 1 or max_length > model_max:
-            raise ModelConfigError(f"--max-length {max_length} is outside 1..{model_max} for this model")
-        resolved_max = max_length
+    return int(st_max or model_max)
 
-    matryoshka = config.get("matryoshka_dimensions")
+
+def _labels(config: dict[str, Any], head: str) -> tuple[int, tuple[str, ...]]:
+    if head == "base":
+        return 0, ()
     id2label_raw = config.get("id2label") or {}
-    num_labels = int(config.get("num_labels") or len(id2label_raw) or (0 if head == "base" else 2))
+    num_labels = int(config.get("num_labels") or len(id2label_raw) or 2)
     id2label = tuple(str(id2label_raw.get(str(i), id2label_raw.get(i, f"LABEL_{i}"))) for i in range(num_labels))
-    st_ce = config.get("sentence_transformers") or {}
-    embedding_size = projector[-1].out_features if projector else hidden
-    if projector and projector[0].in_features != hidden:
-        raise ModelConfigError(
-            f"{folder / projector[0].path / 'config.json'}: Dense in_features {projector[0].in_features} "
-            f"does not match the model's hidden size {hidden}"
-        )
+    return num_labels, id2label
 
-    return ModelSpec(
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return read_json(path) if path.is_file() else {}
+
+
+def _family(
+    folder: Path, base: _BaseConfig, mods: _Modules, st_cfg: dict[str, Any], reranker: RerankerFlags | None
+) -> tuple[str, dict[str, Any]]:
+    """The head of a SPLADE model or an LLM reranker and the ModelSpec fields it sets; else config.json's head."""
+    if mods.splade is not None:
+        fields = read_splade(folder, base.architecture, mods.splade, st_cfg)
+        fields["embedding_size"] = int(base.config.get("vocab_size") or 0)
+        if st_cfg.get("similarity_fn_name") is None:  # SparseEncoder's default similarity (its config saves null)
+            fields.update(similarity_fn_name="dot", similarity_source="default (dot, as SparseEncoder)")
+        return "sparse", fields
+    if mods.logit_score is not None or (reranker is not None and reranker.given):
+        fields = read_reranker(folder, base.architecture, mods.logit_score, reranker or RerankerFlags())
+        return "lm_score", {**fields, "num_labels": 1, "id2label": (fields["score_tokens"][-1],)}
+    return base.head, {}
+
+
+def load_model_spec(
+    model: str | None,
+    *,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    max_length: int | None = None,
+    reranker: RerankerFlags | None = None,
+) -> ModelSpec:
+    """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`.
+
+    `reranker`: flags that turn a causal LM into a yes/no reranker (or override what its checkpoint says).
+    """
+    folder = resolve_model_path(model, allow_pickle=allow_pickle)
+    base = _read_base_config(folder, trust_remote_code)
+    weights = _weights(folder, allow_pickle)
+    mods = _read_modules(folder, base)
+    st_cfg = _optional_json(folder / ST_CONFIG)
+    head, family = _family(folder, base, mods, st_cfg, reranker)
+    refuse_modular_cross_encoder(folder, st_cfg, mods.types, head)
+    sbert = _optional_json(folder / "sentence_bert_config.json")
+    config = base.config
+    num_labels, id2label = _labels(config, base.head)
+    # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.
+    classifier = base.head != "base" and head != "lm_score"
+    activation = read_classifier_activation(folder, config, st_cfg, num_labels) if classifier else None
+    similarity, similarity_source = read_similarity(folder, st_cfg)
+    matryoshka = config.get("matryoshka_dimensions")
+    projector = mods.projector
+    spec = ModelSpec(
         name=str(model) if model else DEFAULT_MODEL,
         path=str(folder),
-        architecture=architecture,
-        model_type=model_type,
+        architecture=base.architecture,
+        model_type=base.model_type,
         head=head,
-        is_decoder=is_decoder,
-        hidden_size=hidden,
-        max_length=resolved_max,
+        is_decoder=base.is_decoder,
+        hidden_size=base.hidden,
+        max_length=_max_length(folder, base, sbert, mods.st_layout, max_length),
         do_lower_case=bool(sbert.get("do_lower_case", False)),
-        seq_pooling_type=seq_pooling,
-        normalize=normalize,
-        projector=tuple(projector),
-        embedding_size=embedding_size,
+        seq_pooling_type="+".join(MODE_TYPES[m] for m in mods.pooling.modes),
+        normalize=mods.normalize,
+        projector=projector,
+        embedding_size=projector[-1].out_features if projector else base.hidden * len(mods.pooling.modes),
         is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
         prompts=tuple((str(k), str(v)) for k, v in (st_cfg.get("prompts") or {}).items()),
         default_prompt_name=st_cfg.get("default_prompt_name"),
-        similarity_fn_name=str(st_cfg.get("similarity_fn_name") or "cosine"),
-        num_labels=num_labels if head != "base" else 0,
-        id2label=id2label if head != "base" else (),
+        similarity_fn_name=similarity,
+        num_labels=num_labels,
+        id2label=id2label,
         problem_type=config.get("problem_type"),
-        st_activation=st_ce.get("activation_fn") or config.get("sbert_ce_default_activation_function"),
-        sentence_transformers_layout=st_layout,
+        st_activation=(config.get("sentence_transformers") or {}).get("activation_fn")
+        or config.get("sbert_ce_default_activation_function"),
+        sentence_transformers_layout=mods.st_layout,
+        pooling_modes=mods.pooling.modes,
+        include_prompt=mods.pooling.include_prompt,
+        pooling_source=mods.pooling.source,
+        ce_activation=activation.path if activation else None,
+        activation_source=activation.source if activation else "",
+        similarity_source=similarity_source,
         weights=weights,
         content_hash=_hash_files(
-            folder, ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector)]
+            folder,
+            ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector),
+             # An LLM reranker's prompt can come from these files (chat template and its kwargs).
+             *(("chat_template.jinja", "tokenizer_config.json", "sentence_bert_config.json") if head == "lm_score" else ())],
         ),
     )
+    return replace(spec, **family)

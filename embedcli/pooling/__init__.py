@@ -45,6 +45,8 @@ from embedcli.pooling.poolers import (
     pooler_for_token_classify,
     pooler_for_token_embed,
 )
+from embedcli.pooling.splade import SpladePooler, splade_activation, to_sparse
+from embedcli.pooling.token_score import TokenLogitScore
 
 __all__ = [
     "POOLING_TASKS",
@@ -71,9 +73,11 @@ __all__ = [
     "PoolingState",
     "PoolingTask",
     "SequencePooler",
+    "SpladePooler",
     "StepPool",
     "TokenClassifierPoolerHead",
     "TokenEmbeddingPoolerHead",
+    "TokenLogitScore",
     "TokenPooler",
     "get_activation",
     "get_seq_pooling_method",
@@ -84,4 +88,6 @@ __all__ = [
     "pooler_for_token_embed",
     "resolve_classifier_activation",
     "segment_sum_float32",
+    "splade_activation",
+    "to_sparse",
 ]

@@ -108,6 +108,15 @@ def _from_st_module(module: nn.Module, num_labels: int | None) -> PoolerActivati
     return LambdaPoolerActivation(module)
 
 
+def st_classifier_activation(module: nn.Module) -> PoolerActivation:
+    """A sentence-transformers CrossEncoder activation as `predict` applies it (Sigmoid stays element-wise)."""
+    if isinstance(module, nn.Identity):
+        return PoolerIdentity()
+    if isinstance(module, nn.Sigmoid):
+        return PoolerMultiLabelClassify()
+    return LambdaPoolerActivation(module)
+
+
 def resolve_classifier_activation(config: Any, *, static_num_labels: bool = True) -> PoolerActivation:
     """Pick the classification activation from a model config, as vLLM does.
 

@@ -119,6 +119,8 @@ class PoolingMetadata:
     # Flat token ids aligned with the hidden-state rows; only STEP pooling reads them.
     token_ids: torch.Tensor | None = None
     pooling_states: list[PoolingState] | None = None
+    # Leading prompt tokens of each sequence, for pooling that excludes the prompt (include_prompt=false).
+    prompt_token_lens: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if len(self.pooling_params) != len(self.cursor):
@@ -137,10 +139,12 @@ class PoolingMetadata:
         prompt_lens: torch.Tensor | Sequence[int] | None = None,
         seq_lens: torch.Tensor | Sequence[int] | None = None,
         pooling_states: list[PoolingState] | None = None,
+        prompt_token_lens: torch.Tensor | Sequence[int] | None = None,
     ) -> PoolingMetadata:
         """Metadata for one packed forward."""
         cursor = PoolingCursor.from_cu_seqlens(cu_seqlens, prompt_lens, seq_lens)
-        return cls(cursor, pooling_params, token_ids, pooling_states)
+        skip = None if prompt_token_lens is None else torch.as_tensor(prompt_token_lens, dtype=torch.long)
+        return cls(cursor, pooling_params, token_ids, pooling_states, skip)
 
     def __len__(self) -> int:
         return len(self.cursor)
@@ -158,6 +162,7 @@ class PoolingMetadata:
             pooling_params=self.pooling_params[start:end],
             token_ids=None if self.token_ids is None else self.token_ids[lo:hi],
             pooling_states=None if self.pooling_states is None else self.pooling_states[start:end],
+            prompt_token_lens=None if self.prompt_token_lens is None else self.prompt_token_lens[start:end],
         )
 
     def split_token_ids(self) -> list[torch.Tensor]:

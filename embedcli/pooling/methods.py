@@ -108,12 +108,17 @@ class MeanPool(SequencePoolingMethod):
 _SEQ_METHODS: dict[str, type[SequencePoolingMethod]] = {"CLS": CLSPool, "LAST": LastPool, "MEAN": MeanPool}
 
 
-def get_seq_pooling_method(pooling_type: str) -> SequencePoolingMethod:
-    """The sequence pooling method named `CLS`, `LAST` or `MEAN`."""
-    try:
+def get_seq_pooling_method(pooling_type: str, include_prompt: bool = True) -> SequencePoolingMethod:
+    """The sequence pooling method named `CLS`, `LAST`, `MEAN` (vLLM's), or any sentence-transformers mode.
+
+    `MAX`, `MEAN_SQRT_LEN`, `WEIGHTEDMEAN`, several joined by "+" (`CLS+MEAN`, concatenated in that order),
+    and any mode with `include_prompt=False` run as sentence-transformers' `Pooling` does.
+    """
+    if include_prompt and pooling_type in _SEQ_METHODS:
         return _SEQ_METHODS[pooling_type]()
-    except KeyError:
-        raise NotImplementedError(f"Unsupported sequence pooling type: {pooling_type!r}") from None
+    from embedcli.pooling.st_pooling import SentenceTransformerPool, parse_pooling_type
+
+    return SentenceTransformerPool(parse_pooling_type(pooling_type), include_prompt)
 
 
 class TokenPoolingMethod(PoolingMethod):

@@ -7,10 +7,10 @@ from typing import Literal, get_args
 
 from embedcli.errors import PoolingConfigError
 
-PoolingTask = Literal["embed", "classify", "token_embed", "token_classify"]
+PoolingTask = Literal["embed", "classify", "token_embed", "token_classify", "sparse_embed"]
 POOLING_TASKS: tuple[PoolingTask, ...] = get_args(PoolingTask)
 
-SeqPoolingType = Literal["CLS", "LAST", "MEAN"]
+SeqPoolingType = Literal["CLS", "LAST", "MEAN", "MAX", "MEAN_SQRT_LEN", "WEIGHTEDMEAN"]
 TokPoolingType = Literal["ALL", "STEP"]
 SEQ_POOLING_TYPES: tuple[str, ...] = get_args(SeqPoolingType)
 TOK_POOLING_TYPES: tuple[str, ...] = get_args(TokPoolingType)
@@ -27,6 +27,8 @@ _VALID_PARAMS: dict[str, tuple[str, ...]] = {
     "token_embed": ("dimensions", "use_activation"),
     "classify": ("use_activation",),
     "token_classify": ("use_activation",),
+    # SPLADE (vLLM serves it as `embed` of a vocab-sized vector); here a task of its own with sparse output.
+    "sparse_embed": (),
 }
 _STEP_PARAMS = ("step_tag_id", "returned_token_ids")
 
@@ -54,6 +56,8 @@ class PoolerConfig:
     logit_sigma: float | None = None
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
+    # sentence-transformers `include_prompt`: False drops the prompt's tokens from sequence pooling.
+    include_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.task is not None:
@@ -71,7 +75,8 @@ class PoolerConfig:
             else:
                 raise NotImplementedError(f"Unsupported pooling type: {self.pooling_type!r}")
             object.__setattr__(self, "pooling_type", None)
-        if self.seq_pooling_type is not None and self.seq_pooling_type not in SEQ_POOLING_TYPES:
+        seq_parts = (self.seq_pooling_type or "").split("+")
+        if self.seq_pooling_type is not None and any(p not in SEQ_POOLING_TYPES for p in seq_parts):
             raise NotImplementedError(f"Unsupported sequence pooling type: {self.seq_pooling_type!r}")
         if self.tok_pooling_type is not None and self.tok_pooling_type not in TOK_POOLING_TYPES:
             raise NotImplementedError(f"Unsupported token pooling type: {self.tok_pooling_type!r}")
@@ -152,10 +157,8 @@ class PoolingParams:
     def _verify_dimensions(self, shape: EmbeddingShape) -> None:
         d = self.dimensions
         assert d is not None
-        if not shape.is_matryoshka and not shape.matryoshka_dimensions:
-            raise PoolingConfigError(
-                "Model does not support matryoshka representation: --dimensions cannot be used"
-            )
+        # A model that declares no Matryoshka sizes is truncated anyway, as sentence-transformers, TEI and
+        # infinity do (vLLM refuses); the caller says on stderr that the model was not trained for it.
         if shape.matryoshka_dimensions and d not in shape.matryoshka_dimensions:
             allowed = ", ".join(map(str, shape.matryoshka_dimensions))
             raise PoolingConfigError(f"dimensions {d} is not one of the model's Matryoshka sizes: {allowed}")

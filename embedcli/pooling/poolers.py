@@ -24,7 +24,7 @@ from embedcli.pooling.methods import (
     get_seq_pooling_method,
     get_tok_pooling_method,
 )
-from embedcli.pooling.params import POOLING_TASKS, PoolerConfig, PoolingConfigError, check_task
+from embedcli.pooling.params import POOLING_TASKS, PoolerConfig, PoolingConfigError, PoolingParams, check_task
 
 PoolerOutput = torch.Tensor | list[torch.Tensor | None]
 
@@ -131,7 +131,9 @@ def pooler_for_embed(
     default_pooling_type: str = "MEAN",
 ) -> SequencePooler:
     """Sequence pooling + embedding head (projector, Matryoshka slice, normalize)."""
-    method = get_seq_pooling_method(pooler_config.seq_pooling_type or default_pooling_type)
+    method = get_seq_pooling_method(
+        pooler_config.seq_pooling_type or default_pooling_type, pooler_config.include_prompt
+    )
     head = EmbeddingPoolerHead(projector=projector, head_dtype=head_dtype, activation=PoolerNormalize())
     return SequencePooler(method, head)
 
@@ -180,3 +182,18 @@ def pooler_for_token_classify(
         head_dtype=head_dtype,
     )
     return TokenPooler(method, head)
+
+
+def pool_empty(pooler: Pooler, params: PoolingParams, pooled_size: int, device: torch.device) -> torch.Tensor:
+    """The result of a sequence with no tokens: a zero pooled vector through the pooler's head.
+
+    sentence-transformers' masked mean (and weightedmean, mean_sqrt_len, lasttoken) of a row with no tokens is
+    the zero vector, which its later modules (Dense, Normalize) then see; token tasks get an empty matrix.
+    """
+    head = getattr(pooler, "head", None)
+    if head is None:
+        raise RuntimeError(f"{type(pooler).__name__} cannot pool an empty sequence (no head)")
+    metadata = PoolingMetadata.from_cu_seqlens([0, 0], [params])
+    if isinstance(pooler, TokenPooler):
+        return head.forward_chunk(torch.zeros(0, pooled_size, device=device), params)
+    return next(iter(head(torch.zeros(1, pooled_size, device=device), metadata)))

@@ -104,7 +104,7 @@ def open_previous(
     if flags.previous is None and existing is None:
         note(f"--incremental: {path} has no embedcli metadata, computing every row")
         return None
-    if not os.path.isdir(path) and os.path.exists(path) and output_format(path, None) != "parquet":
+    if not os.path.isdir(path) and os.path.exists(path) and output_format(path, None, reading=True) != "parquet":
         note(f"--incremental carries rows over from Parquet outputs only; {path} is not: computing every row")
         return None
     old = output_metadata(path) if os.path.exists(path) else None

@@ -35,9 +35,20 @@ class Engine(Protocol):
     def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]: ...
 
 
+@dataclass(frozen=True)
+class Rows:
+    """What `RowCodec.table` may return instead of a bare table: the rows, and the input rows they answer
+    as bad (e.g. run-batch's 400 lines). Those count as skipped rows under `--on-error skip` (exit 3,
+    `--errors-file`, `--max-errors`) while their rows are still written; `--on-error fail` stops at the first."""
+
+    table: Any
+    errors: Sequence[Any] = ()  # embedcli.errors.InputError
+
+
 @runtime_checkable
 class RowCodec(Protocol):
-    """A command's rows: the engine's inputs of a batch, the output table of a batch's result, the empty output."""
+    """A command's rows: the engine's inputs of a batch, the output table of a batch's result (or `Rows`),
+    the empty output."""
 
     def inputs(self, batch: Any) -> Sequence[Any]: ...
 

@@ -26,17 +26,27 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, InputError, OutputError
+import pyarrow as pa
+
+from embedcli.errors import (
+    EXIT_FATAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SKIPPED,
+    InputError,
+    OutputError,
+    TooManyErrors,
+)
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
-from embedcli.run.job import Job
+from embedcli.run.job import Job, Rows
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
-from embedcli.run.target import resolve_output
+from embedcli.run.target import check_target, resolve_output
 
 # A batch is the loop's unit of work: progress, `--commit-every` and a clean stop act between batches. Cut
 # by text size as well as by rows (characters ~ tokens ~ compute), a batch is a few of the engine's packed
@@ -65,7 +75,10 @@ class Pipeline:
         self.manifest: Any = None
         self.store: Any = None
         self.paths: list[str] | None = None
+        inputs = self.source.inputs.paths if self.source else ()
+        check_target(job.target.path, self.flags, inputs, job.reporting.stats_file)
         self.output = resolve_output(job.target.path, job.target.fmt, self.flags)
+        job.codec.empty()  # a codec refuses a kept column that would shadow its own here, before any work
 
     def note(self, message: str) -> None:
         """A one-line note on stderr (kept clear of the progress bar)."""
@@ -100,6 +113,8 @@ class Pipeline:
         if self.source is not None:
             self.paths = self.source.paths()
             fingerprints = self.source.fingerprints(self.paths)
+            if fingerprints is None and self.output.mode != "stdout":
+                self.note("an input is stdin, a pipe or a FIFO, read once: this run cannot resume if interrupted")
             options = self.source.options()
             self.report.total = self.source.total_rows(self.paths)
         fmt = self.output.fmt if self.output.mode != "dir" else "parquet-dir"
@@ -115,6 +130,21 @@ class Pipeline:
             KEY_INPUT_OPTIONS: json.dumps(options, sort_keys=True),
         }
 
+    def empty_output(self) -> Any:
+        """The output of no rows: the codec's, with each kept column typed as a Parquet input declares it
+        (else string), so an empty output has the same columns as a full one."""
+        table = self.job.codec.empty()
+        if self.source is None:
+            return table
+        types = self.source.kept_types(self.paths or [])
+        for name in self.source.inputs.keep_cols:
+            column = pa.array([], types.get(name, pa.string()))
+            if name in table.column_names:
+                table = table.set_column(table.column_names.index(name), name, column)
+            else:
+                table = table.append_column(name, column)
+        return table
+
     def open_previous(self, in_place: str | None, existing: dict[str, str] | None) -> None:
         """Set up `--incremental`'s carry-over from the previous output (if any)."""
         previous = open_previous(self.flags, in_place, existing, self.meta, self.base_meta, self.note)
@@ -128,7 +158,7 @@ class Pipeline:
             self.guarded_loop(sink, skip=0, errors=lambda: sink.errors)
         finally:
             self.report.rows = sink.rows
-        sink.finish(self.job.codec.empty())
+        sink.finish(self.empty_output())
         self.report.summary(self.job.engine, self.report.new_errors, sink.rows, self.flags.errors_file)
         return EXIT_SKIPPED if self.report.new_errors else EXIT_OK
 
@@ -148,7 +178,7 @@ class Pipeline:
     def _loop(self, sink: Any, skip: int) -> None:
         report, engine, codec = self.report, self.job.engine, self.job.codec
         report.resumed_records = report.records_done = skip
-        errors_before = self.manifest.errors if self.manifest is not None else 0
+        errors_before = self._errors_before = self.manifest.errors if self.manifest is not None else 0
         progress = report.start_progress(skip, self.flags.log_every)
         held: deque[Work] = deque()
 
@@ -194,11 +224,13 @@ class Pipeline:
             except StopNow:
                 self._stopped(sink, stop)
             work = held.popleft()
+            answered: list[InputError] = []
             if work.batch is not None and len(work.batch):
-                self._write(sink, work, result)
-            if work.errors:
-                sink.add_errors([e.to_record() for e in work.errors])
-                report.bad_rows(work.errors)
+                answered = self._write(sink, work, result)
+            errors = [*work.errors, *answered]
+            if errors:
+                sink.add_errors([e.to_record() for e in errors])
+                report.bad_rows(errors)
             report.records_done += work.records
             since_commit += work.records
             assert report.progress is not None
@@ -221,10 +253,18 @@ class Pipeline:
         )
         raise KeyboardInterrupt(stop.signal_name)
 
-    def _write(self, sink: Any, work: Work, result: Any) -> None:
+    def _write(self, sink: Any, work: Work, result: Any) -> list[InputError]:
+        """Write a work item's rows; returns the rows the codec answered as bad (see `Rows`)."""
         computed = None
+        answered: list[InputError] = []
         if len(work.compute_idx) or not len(work.carry_idx):
             computed = self.job.codec.table(work.compute, result)
+            if isinstance(computed, Rows):
+                answered = list(computed.errors)
+                computed = computed.table
+                if answered and self.flags.on_error == "fail":
+                    raise answered[0]
+                self._check_max_errors(answered, len(work.errors))  # before anything of this batch is written
         table, carried = self.carry.join(work, computed)
         self.report.carried_rows += carried
         self.report.computed_rows += len(work.compute_idx)
@@ -233,6 +273,21 @@ class Pipeline:
         sink.write(table, work.keys if table.num_rows == len(work.batch) else None)
         self._in_write = False
         self.report.seconds["write"] += time.perf_counter() - t0
+        return answered
+
+    def _check_max_errors(self, answered: list[InputError], read_errors: int) -> None:
+        """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);
+        `read_errors`: the reader's bad rows of this batch, not yet reported."""
+        limit = self.flags.max_errors
+        total = self._errors_before + self.report.new_errors + read_errors + len(answered)
+        if not answered or limit is None or total <= limit:
+            return
+        last = answered[-1]
+        raise TooManyErrors(
+            last.path, f"more than {limit} bad rows (--max-errors {limit}); the last: {last.reason}",
+            location=last.location, record_id=last.record_id,
+            fix="fix the input, or raise --max-errors; the rows committed so far are kept",
+        )
 
     def _commit(self, sink: Any) -> None:
         t0 = time.perf_counter()

@@ -23,12 +23,11 @@ def peak_rss_mb() -> float:
 
 
 def write_stats(path: str | None, report: dict[str, Any]) -> None:
-    """Write a `--stats` report (JSON); a failure is noted on stderr, never fatal."""
+    """Write a `--stats` report (JSON) atomically; a failure is noted on stderr, never fatal."""
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+        write_atomic(path, json.dumps(report, indent=2).encode("utf-8"))
     except OSError as e:
         print(f"embedcli: cannot write --stats {path}: {e.strerror or e}", file=sys.stderr)
 
@@ -93,10 +92,13 @@ class RunReport:
         self.note(f"done: {', '.join(parts)} in {elapsed:.1f}s")
 
     def write_errors_file(self, path: str | None, records: Iterable[dict[str, Any]]) -> None:
-        """Every bad row of the output, one JSON line each, written atomically to `--errors-file`."""
+        """Every bad row of the output, one JSON line each, written atomically to `--errors-file`; with no bad
+        row the file is not touched (an unrelated file of that name is never truncated)."""
         if not path:
             return
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        if not data:
+            return
         try:
             write_atomic(path, data.encode("utf-8"))
         except OSError as e:

@@ -8,14 +8,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from embedcli.errors import STDIN, InputError
+from embedcli.errors import STDIN, InputError, UsageError
+from embedcli.io.reader_base import kept_arrays
 from embedcli.io.readers import (
     InputBatch,
     count_records,
     detect_format,
     expand_paths,
-    input_fingerprint,
+    input_fingerprints,
     normalize_format,
     read_inputs,
 )
@@ -59,6 +61,7 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
         texts=[batch.texts[i] for i in il],
         columns={c: [v[i] for i in il] for c, v in batch.columns.items()},
         extra_texts={c: [v[i] for i in il] for c, v in batch.extra_texts.items()},
+        column_types=batch.column_types,  # the reader's types, or kept columns are re-guessed from the rows left
     )
 
 
@@ -69,12 +72,25 @@ def slice_batch(batch: Any, start: int, stop: int | None = None) -> Any:
 
 def kept_columns(batch: Any, names: Sequence[str]) -> dict[str, Any]:
     """The `--keep-cols` columns of a batch as Arrow arrays."""
-    out = {}
-    for name in names:
-        arr = pa.array(batch.columns[name])
-        # An all-null first batch would fix the column's type to null for the whole file.
-        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
-    return out
+    # typed by the reader: a Parquet input's own types, JSONL's first seen (mixed types are bad rows)
+    return kept_arrays(batch.columns, names, getattr(batch, "column_types", None))
+
+
+def refuse_shadowing(columns: Sequence[str], keep_cols: Sequence[str]) -> None:
+    """UsageError (exit 2) when a `--keep-cols` column has the name of a column the command writes itself."""
+    for name in keep_cols:
+        if name in columns:
+            raise UsageError(
+                f"--keep-cols {name}: the output has its own {name!r} column (it writes {', '.join(columns)}); "
+                "a kept column may not replace it: drop it from --keep-cols or rename it in the input"
+            )
+
+
+def with_kept(columns: dict[str, Any], batch: Any, names: Sequence[str]) -> dict[str, Any]:
+    """A command's result `columns` of a batch followed by its `--keep-cols` columns (never replacing one)."""
+    refuse_shadowing(list(columns), names)
+    columns.update(kept_columns(batch, names))
+    return columns
 
 
 def empty_batch(keep_cols: Sequence[str]) -> InputBatch:
@@ -136,9 +152,22 @@ class BatchSource:
 
     def fingerprints(self, paths: Sequence[str]) -> list[dict[str, Any]] | None:
         """Fingerprints of every input (None when one is stdin: such a run cannot resume)."""
-        if STDIN in paths:
-            return None
-        return [input_fingerprint(p) for p in paths]
+        return input_fingerprints(paths)  # None for stdin, a pipe or a FIFO: never read to fingerprint it
+
+    def kept_types(self, paths: Sequence[str]) -> dict[str, pa.DataType]:
+        """The types of the `--keep-cols` columns as the first Parquet input holding each declares them."""
+        types: dict[str, pa.DataType] = {}
+        for p in paths:
+            if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
+                continue
+            try:
+                schema = pq.read_schema(p)
+            except Exception:  # an unreadable input is the reader's to report, with its row
+                continue
+            for name in self.inputs.keep_cols:
+                if name not in types and name in schema.names and not pa.types.is_null(schema.field(name).type):
+                    types[name] = schema.field(name).type
+        return types
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
         """Row count of the inputs for an ETA (Parquet metadata, a line count of text files), else None."""

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.io.fingerprint import describe_input_change
 from embedcli.io.manifest import (
     KEY_COMPLETE,
     KEY_CONFIG,
@@ -27,11 +28,11 @@ from embedcli.io.manifest import (
     KEY_SKIPPED,
     Manifest,
     StagingLock,
+    make_staging_dir,
     output_error,
     output_metadata,
     staging_dir,
 )
-from embedcli.io.readers import describe_input_change
 from embedcli.io.shards import (
     ShardStore,
     assemble_file,
@@ -106,17 +107,37 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     return False
 
 
+def _refuse_other_config(root: str, manifest: Manifest, cfg_key: str, meta: dict[str, str]) -> None:
+    if manifest.config_key != cfg_key:
+        raise UsageError(
+            f"{root} holds the work of an interrupted run with a different config "
+            f"({describe_config_change(manifest.metadata or manifest.config, meta)}); "
+            "rerun that command to finish it, or pass --overwrite to discard it"
+        )
+
+
+def guard_staged_work(output: str, cfg_key: str, meta: dict[str, str], overwrite: bool) -> None:
+    """For a run that publishes `output` without staging there (`--precision int8` stages a float32 spool):
+    the rule of every staged run. Staged work of another config at `output` is refused (exit 2) unless
+    `overwrite`, which discards it (OutputError while another run holds it)."""
+    root = staging_dir(output)
+    manifest = Manifest.load(root) if os.path.isdir(root) else None
+    if manifest is None or manifest.config_key == cfg_key:
+        return
+    if not overwrite:
+        _refuse_other_config(root, manifest, cfg_key, meta)
+    with StagingLock(root, output):
+        clear_dir(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     """The manifest to continue (staged work of this same job) or a fresh one; and whether it is fresh."""
     overwrite = p.flags.overwrite
     manifest = Manifest.load(root)
     if manifest is not None:
-        if manifest.config_key != p.cfg_key and not overwrite:
-            raise UsageError(
-                f"{root} holds the work of an interrupted run with a different config "
-                f"({describe_config_change(manifest.metadata or manifest.config, p.base_meta)}); "
-                "rerun that command to finish it, or pass --overwrite to discard it"
-            )
+        if not overwrite:
+            _refuse_other_config(root, manifest, p.cfg_key, p.base_meta)
         if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
             if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
                 why = describe_input_change(manifest.inputs, p.fingerprints)
@@ -136,7 +157,10 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
         output_format=p.output.fmt,
         mode=p.output.mode,
     )
-    manifest.save(root)
+    try:
+        manifest.save(root)
+    except OSError as e:  # e.g. a disk already full: name the output, not a bare "[Errno 28]"
+        raise output_error(root, e, resumable=False) from None  # the staging dir: it names the output too
     return manifest, True
 
 
@@ -161,7 +185,7 @@ def _finish(p: Pipeline, root: str, lock: Any) -> int:
     manifest = p.manifest
     meta = _final_meta(p)
     if p.output.mode == "file":
-        empty_schema = p.job.codec.empty().schema
+        empty_schema = p.empty_output().schema
         assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema)
         lock.release()
         shutil.rmtree(root, ignore_errors=True)
@@ -180,11 +204,7 @@ def run_staged(p: Pipeline) -> int:
     root = staging_dir(target.path)
     if target.mode == "dir":
         recover_dir(target.path, root)
-    created_root = not os.path.exists(root)
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as e:
-        raise output_error(target.path, e, resumable=False) from None
+    created_root = make_staging_dir(root, target.path)  # refuses a symlink planted at the staging path
     lock = StagingLock(root, target.path).acquire()
     created_manifest = False
     try:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from embedcli.errors import STDIN, OutputError, UsageError
+from embedcli.io.commit import check_read_only
 from embedcli.io.manifest import manifest_path, strip_slash
 from embedcli.io.writers import check_output_path, output_format
 from embedcli.run.flags import RunFlags
+from embedcli.run.paths import check_no_clobber, check_side_file
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,16 @@ def is_shard_dir(path: str, flags: RunFlags) -> bool:
     )
 
 
-def check_target(path: str, flags: RunFlags) -> None:
-    """OutputError unless `-o path` can be written (a command calls this before loading its model)."""
-    check_output_path(path, as_dir=is_shard_dir(path, flags))
+def check_target(path: str, flags: RunFlags, inputs: Sequence[str] = (), stats_file: str | None = None) -> None:
+    """Before any work (a command calls this before loading its model): OutputError unless `-o path`,
+    `--stats` and `--errors-file` can be written; UsageError when one of them is an input or another."""
+    as_dir = is_shard_dir(path, flags)
+    check_read_only(path)
+    check_output_path(path, as_dir=as_dir)
+    check_side_file("--stats", stats_file)
+    check_side_file("--errors-file", flags.errors_file)
+    writes = [("--stats", stats_file), ("--errors-file", flags.errors_file)]
+    check_no_clobber(inputs, path, output_is_dir=as_dir, writes=writes)
 
 
 def resolve_output(path: str, fmt: str | None, flags: RunFlags) -> Output:

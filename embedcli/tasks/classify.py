@@ -14,7 +14,7 @@ from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -41,7 +41,7 @@ class ClassifyOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
-    strip: bool = True
+    strip: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,7 @@ class ClassifyCodec:
             columns["top_scores"] = pa.array([p[i, o].tolist() for i, o in enumerate(order)], pa.list_(pa.float32()))
         if self.all_scores:
             columns["scores"] = embedding_array(p)
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
@@ -85,7 +84,7 @@ def run_classify(
 ) -> int:
     """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")
     if not 1 <= opts.top_k <= spec.num_labels:

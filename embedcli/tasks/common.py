@@ -17,6 +17,8 @@ from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.engines.ray_engine import ray_runner
 from embedcli.errors import UsageError, display_path
+from embedcli.io.writers import LINES
+from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.run.flags import RunFlags
@@ -37,6 +39,7 @@ class ModelChoice:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     quantize: bool = False
+    reranker: RerankerFlags | None = None  # a causal LM as a yes/no reranker (--classifier-from-tokens, ...)
 
     def options(self, **task_options: Any) -> ModelOptions:
         """The load options, with a task's (activation, calibration, step tag)."""
@@ -71,6 +74,7 @@ def load_spec(choice: ModelChoice) -> ModelSpec:
         allow_pickle=choice.allow_pickle,
         trust_remote_code=choice.trust_remote_code,
         max_length=choice.max_length,
+        reranker=choice.reranker,
     )
 
 
@@ -135,6 +139,8 @@ def provenance(model: LoadedModel, runner: Runner, extra: dict[str, Any] | None 
         "embedcli.config": config_json,
         "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
         "embedcli.dtype": resolved["dtype"],
+        # Outside the config hash: how `auto` was resolved does not change what a resumed run must match.
+        "embedcli.dtype_reason": getattr(model, "dtype_reason", ""),
     }
 
 
@@ -171,6 +177,8 @@ def make_job(
     source: Iterable[Any], runner: Runner, codec: RowCodec, meta: dict[str, str], output: OutputOptions, flags: RunFlags
 ) -> Job:
     """The `Job` of a compute command."""
+    if output.fmt is not None and output.fmt.strip().lower() == LINES:
+        raise UsageError(f"--output-format {output.fmt}: run-batch's response lines; choose parquet, jsonl or npy")
     return Job(
         source=source,
         engine=engine_for(runner, flags),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -18,6 +19,7 @@ from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
 from embedcli.io.manifest import (
     KEY_COMPLETE,
     KEY_CONFIG_KEY,
+    KEY_INPUT_OPTIONS,
     KEY_JOB,
     KEY_SKIPPED,
     config_key,
@@ -30,7 +32,8 @@ from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
-from embedcli.run.source import BatchSource, InputOptions, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
+from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, provenance
 
@@ -43,7 +46,7 @@ class EmbedOptions:
 
     normalize: bool | None = None
     max_batch_tokens: int | None = None
-    strip: bool = True
+    strip: bool = False
     dimensions: int | None = None
     prompt: str | None = None
     prompt_name: str | None = None
@@ -67,14 +70,11 @@ class EmbedCodec:
     def table(self, batch: Any, vectors: Any) -> Any:
         """The output rows of a batch."""
         columns = {"id": pa.array(batch.ids, pa.string()), "embedding": embedding_array(np.asarray(vectors))}
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
-        return pa.table(
-            {"id": pa.array([], pa.string()), "embedding": embedding_array(np.zeros((0, self.width), np.float32))}
-        )
+        return self.table(empty_batch(self.keep_cols), np.zeros((0, self.width), np.float32))
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def run_embed(
 ) -> int:
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,
@@ -150,6 +150,7 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
     done = _finished_quantized(job)
     if done is not None:
         return done
+    _guard_output_staging(job)
     spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
     code = _spooled(job, quant, spool)
     for leftover in (spool, index_sidecar(spool)):
@@ -180,6 +181,17 @@ def _finished_quantized(job: Job) -> int | None:
             print(f"embedcli: {target.path} is already complete (same inputs and config): nothing to do", file=sys.stderr)
         return EXIT_SKIPPED if int(existing.get(KEY_SKIPPED, "0") or 0) else EXIT_OK
     return None
+
+
+def _guard_output_staging(job: Job) -> None:
+    """Staged work of an interrupted run of another config at the output: refused as on every path (exit 2
+    unless --overwrite), never published over (the spool stages elsewhere)."""
+    source = job.source
+    if not isinstance(source, BatchSource):
+        return
+    options = source.options()
+    meta = {**job.provenance, KEY_INPUT_OPTIONS: json.dumps(options, sort_keys=True)}
+    guard_staged_work(job.target.path, config_key(job.provenance, options, "parquet"), meta, job.flags.overwrite)
 
 
 def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None:
@@ -215,7 +227,8 @@ def _quantize_spool(spool: str, job: Job, quant: Quantizer) -> None:
                 writer = open_writer(path, table.schema, final_meta, fmt=fmt)
             writer.write(table)
         if writer is None:
-            writer = open_writer(path, quant.table(job.codec.empty()).schema, final_meta, fmt=fmt)
+            empty = source.schema_arrow.empty_table().replace_schema_metadata(None)  # the spool's columns and types
+            writer = open_writer(path, quant.table(empty).schema, final_meta, fmt=fmt)
         writer.commit()
     except BaseException:
         if writer is not None:

@@ -5,13 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from embedcli.compute.choice import commands_for
+from embedcli.models.llm_reranker import RerankerFlags
+from embedcli.models.precision import auto_dtype_summary
 from embedcli.models.spec import load_model_spec
+from embedcli.models.st_config import model_choices
 
 
-def model_info(model: str | None, *, allow_pickle: bool = False, trust_remote_code: bool = False) -> dict[str, Any]:
+def model_info(
+    model: str | None,
+    *,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    reranker: RerankerFlags | None = None,
+) -> dict[str, Any]:
     """What would run for `model`: architecture, pooling, heads, max length, prompts, tasks."""
-    spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    spec = load_model_spec(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, reranker=reranker)
     info = spec.to_dict()
+    info["choices"] = dict(model_choices(info))
     info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
+    info["dtype_auto"] = auto_dtype_summary(spec)
     return info

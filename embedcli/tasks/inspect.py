@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.commit import arrow_source
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -30,9 +31,12 @@ from embedcli.io.manifest import (
     staging_dir,
     strip_slash,
 )
+from embedcli.io.sidecar import check_sidecar
 from embedcli.io.writers import output_format
 
-PROVENANCE_KEYS = ("embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype")
+PROVENANCE_KEYS = (
+    "embedcli.version", "embedcli.model", "embedcli.model_hash", KEY_CONFIG, "embedcli.dtype", "embedcli.dtype_reason"
+)
 
 
 def _loads(value: str | None) -> Any:
@@ -64,7 +68,7 @@ def _file_rows(path: str, fmt: str) -> tuple[int | None, list[str], str | None]:
     if fmt == "parquet":
 
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(arrow_source(path))
         except (pa.ArrowException, OSError) as e:
             return None, [], f"not a readable Parquet file: {e}"
         return pf.metadata.num_rows, pf.schema_arrow.names, None
@@ -110,7 +114,7 @@ def _inspect_dir(path: str, report: dict[str, Any]) -> None:
             continue
         f = os.path.join(path, s.file)
         try:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(arrow_source(f))
         except FileNotFoundError:
             report["problems"].append(f"shard {s.file} is missing")
             continue
@@ -157,7 +161,7 @@ def inspect_output(path: str) -> dict[str, Any]:
         meta = report.get("metadata") or {}
     elif os.path.isfile(target):
         report["exists"] = True
-        fmt = output_format(target)
+        fmt = output_format(target, reading=True)
         report["format"] = fmt
         rows, columns, problem = _file_rows(target, fmt)
         if columns:
@@ -176,6 +180,8 @@ def inspect_output(path: str) -> dict[str, Any]:
         sidecar = read_json_file(f"{target}.meta.json") if fmt != "parquet" else None
         if sidecar and rows is not None and sidecar.get("rows") not in (None, rows):
             report["problems"].append(f"{rows} rows in the file, its sidecar says {sidecar.get('rows')}")
+        if sidecar:
+            report["problems"] += check_sidecar(target, sidecar, deep=True)  # the sidecar names these bytes
         index = target + INDEX_SUFFIX
         if os.path.isfile(index):
             report["index"] = _index_state(index, meta)
@@ -216,7 +222,7 @@ def inspect_output(path: str) -> dict[str, Any]:
 def _index_state(index: str, meta: dict[str, str]) -> str:
 
     try:
-        tag = (pq.read_schema(index).metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
+        tag = (pq.read_schema(arrow_source(index)).metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
     except (pa.ArrowException, OSError):
         return "unreadable"
     return "valid" if tag and tag == meta.get(KEY_OUTPUT) else "stale (ignored by --incremental)"
@@ -230,7 +236,7 @@ def format_report(report: dict[str, Any]) -> list[tuple[str, str]]:
             value = report[key]
             lines.append((key, ", ".join(value) if isinstance(value, list) else str(value)))
     prov = report.get("provenance") or {}
-    for key in ("model", "version", "dtype"):
+    for key in ("model", "version", "dtype", "dtype_reason"):
         if prov.get(key):
             lines.append((key, str(prov[key])))
     for fp in report.get("inputs") or []:

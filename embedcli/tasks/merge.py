@@ -43,6 +43,7 @@ from embedcli.io.manifest import (
 )
 from embedcli.io.writers import check_output_path, open_writer
 from embedcli.run.ids import IdSet
+from embedcli.run.paths import check_no_clobber
 from embedcli.tasks.inspect import inspect_output
 
 
@@ -180,6 +181,7 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
         raise UsageError("the outputs are not one complete set: " + "; ".join(report["problems"][:5]))
     check_output_path(output)
     members = expand_members(paths)
+    check_no_clobber(members, output)  # the set must survive a merge, whatever -o names
     metas = [(output_metadata(m) or {}, m) for m in members]
     metas.sort(key=lambda x: int(x[0].get(KEY_SHARD_RANGE, "0:0").split(":")[0]))
     first = metas[0][0]

@@ -1,4 +1,5 @@
-"""`embedcli score` and `embedcli rerank`: pairs scored by a cross-encoder, by cosine or by maxsim."""
+"""`embedcli score` and `embedcli rerank`: pairs scored by a cross-encoder, by cosine, by maxsim or by the
+sparse dot product."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -16,12 +17,20 @@ from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.errors import EXIT_OK, InputError, UsageError
 from embedcli.io.readers import read_inputs
 from embedcli.io.writers import open_writer
+from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.progress import Progress
 from embedcli.run.report import RunReport, peak_rss_mb, write_stats
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import (
+    BatchSource,
+    InputOptions,
+    empty_batch,
+    null_text_error,
+    refuse_shadowing,
+    with_kept,
+)
 from embedcli.run.target import check_target
 from embedcli.scoring import METHODS, PairScorer, TopN
 from embedcli.tasks.common import (
@@ -35,7 +44,7 @@ from embedcli.tasks.common import (
     provenance,
 )
 
-PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed"}
+PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed", "sparse": "sparse_embed"}
 
 
 @dataclass(frozen=True)
@@ -68,10 +77,24 @@ class RerankOptions(PairOptions):
     query_id_col: str | None = None
     top_n: int = 0
     return_documents: bool = False
+    group_col: str | None = None  # each row is a candidate of the query whose id is in this column
+
+
+class QueryChoice(Protocol):
+    """Where a command's queries come from: `--query TEXT` or `--queries FILE` (and its columns)."""
+
+    @property
+    def query(self) -> str | None: ...
+    @property
+    def queries(self) -> str | None: ...
+    @property
+    def query_col(self) -> str: ...
+    @property
+    def query_id_col(self) -> str | None: ...
 
 
 def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
-    """How `spec` scores pairs: cross-encoder, cosine or maxsim (`auto`: by the model, as vLLM's score type)."""
+    """How `spec` scores pairs: cross-encoder, cosine, maxsim or sparse (`auto`: by the model, as vLLM's score type)."""
     if method not in METHODS:
         raise UsageError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
     if method == "auto":
@@ -79,6 +102,10 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
             return "cross-encoder"
         if spec.score_type == "bi-encoder":
             return "cosine"
+        if spec.score_type == "sparse":
+            return "sparse"
+    elif method == "sparse" and spec.score_type == "sparse":
+        return method
     elif method == "cross-encoder" and spec.score_type == "cross-encoder":
         return method
     elif method in ("cosine", "maxsim") and spec.head == "base":
@@ -88,6 +115,8 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
         "cross-encoder, which needs exactly one label",
         "token_classification": "a token classifier cannot score pairs",
         "base": "an embedding model scores pairs by cosine or maxsim, not as a cross-encoder",
+        "lm_score": "an LLM reranker scores pairs as a cross-encoder",
+        "sparse": "a sparse (SPLADE) model scores pairs by the sparse dot product",
     }[spec.head]
     raise UsageError(f"{command}: model {spec.name!r} cannot score pairs with method {method!r}: {why}; {can_do(spec)}")
 
@@ -109,7 +138,11 @@ def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[R
         ),
         **extra,
     )
-    return runner, PairScorer(runner, method, dict(spec.prompts))
+    # `--method auto` scores a bi-encoder as its own `model.similarity`; an explicit `--method cosine` is cosine.
+    similarity = spec.similarity_fn_name if opts.method == "auto" else "cosine"
+    # An LLM reranker's pair is one prompt (template or chat template), its document cut to keep the suffix.
+    pair_format = pair_formatter(runner.model, runner.max_length, truncate=opts.long_inputs == "truncate")
+    return runner, PairScorer(runner, method, dict(spec.prompts), similarity, pair_format)
 
 
 # -- score ---------------------------------------------------------------------------------------------
@@ -140,14 +173,12 @@ class ScoreCodec:
         else:
             scores = self.scorer.pair_scores(result, n)
         columns = {"id": pa.array(batch.ids, pa.string()), "score": pa.array(scores, pa.float32())}
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
         columns = {"id": pa.array([], pa.string()), "score": pa.array([], pa.float32())}
-        columns.update(kept_columns(empty_batch(self.keep_cols), self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, empty_batch(self.keep_cols), self.keep_cols))
 
 
 def run_score(
@@ -155,7 +186,7 @@ def run_score(
 ) -> int:
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner, scorer = pair_scorer(choice, opts, "score")
     if opts.left is not None:
         source = BatchSource(replace(inputs, text_col=opts.right_col))
@@ -172,10 +203,10 @@ def run_score(
 
 
 # -- rerank --------------------------------------------------------------------------------------------
-def read_queries(opts: RerankOptions) -> list[tuple[str, str]]:
+def read_queries(opts: QueryChoice, command: str = "rerank") -> list[tuple[str, str]]:
     """(id, text) of `--query` or of every row of `--queries FILE`."""
     if (opts.query is None) == (opts.queries is None):
-        raise UsageError("rerank needs exactly one of --query TEXT or --queries FILE")
+        raise UsageError(f"{command} needs exactly one of --query TEXT or --queries FILE")
     if opts.query is not None:
         return [("query", opts.query)]
     out: list[tuple[str, str]] = []
@@ -217,6 +248,7 @@ class Documents:
         }
         if self.with_text:
             columns["text"] = pa.array([self.texts[i] for i in idx], pa.string())
+        refuse_shadowing(list(columns), list(self.cols))
         for c, values in self.cols.items():
             arr = pa.array([values[i] for i in idx])
             columns[c] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
@@ -225,6 +257,43 @@ class Documents:
     def empty(self) -> Any:
         """The output of no queries."""
         return self.table("", np.zeros(0, np.float32), np.zeros(0, np.int64))
+
+
+def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
+    """Per row of a grouped-candidates batch, the position of its query in --queries (InputError if unknown)."""
+    out = np.empty(len(batch.ids), dtype=np.int64)
+    for j, (loc, rid, qid) in enumerate(zip(batch.locations, batch.ids, batch.extra_texts[col], strict=True)):
+        if qid is None:
+            raise null_text_error(batch, j)
+        if qid not in q_index:
+            raise InputError(batch.source, f"{col} {qid!r} is not the id of a query in --query/--queries",
+                             location=loc, record_id=rid, fix="pass the --queries file the candidates were searched with")
+        out[j] = q_index[qid]
+    return out
+
+
+def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, group_col: str,
+                  queries: list[tuple[str, str]], keepers: list[TopN], docs: Documents, progress: Progress) -> None:
+    """Score each candidate row against its own query only (the one named in `group_col`)."""
+    q_index = {q: i for i, (q, _) in enumerate(queries)}
+    held: deque[tuple[int, np.ndarray]] = deque()
+
+    def runner_inputs() -> Iterator[RowInputs]:
+        for batch in BatchSource(inputs, (group_col,)):
+            groups = _query_of_rows(batch, group_col, q_index)
+            held.append((docs.add(batch), groups))
+            pairs = scorer.pair_inputs([queries[g][1] for g in groups], batch.texts)
+            yield RowInputs(pairs, batch, row_of=lambda i, n=len(groups): i % n)
+
+    for result in runner.map(runner_inputs()):
+        base, groups = held.popleft()
+        n = len(groups)
+        scores = scorer.pair_scores(result, n)
+        index = np.arange(base, base + n)
+        for qi in np.unique(groups):
+            mine = groups == qi
+            keepers[qi].add(scores[mine], index[mine])
+        progress.update(n, runner.stats.tokens)
 
 
 def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: list[str], keepers: list[TopN],
@@ -261,7 +330,7 @@ def run_rerank(
     (and texts with `--return-documents`), and the output is written once every document is scored.
     """
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, [*inputs.paths, *([opts.queries] if opts.queries else [])], output.stats_file)
     if opts.top_n < 0:
         raise UsageError(f"--top-n {opts.top_n}: must be 0 (all) or more")
     report = RunReport(quiet=output.quiet)
@@ -269,9 +338,12 @@ def run_rerank(
     runner, scorer = pair_scorer(choice, opts, "rerank")
     keepers = [TopN(opts.top_n) for _ in queries]
     docs = Documents(list(inputs.keep_cols), opts.return_documents)
+    docs.empty()  # refuses a kept column that would shadow a result column, before any work
     progress = report.start_progress(0, flags.log_every)
     try:
-        if queries:
+        if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)
+            _rank_grouped(runner, scorer, inputs, opts.group_col, queries, keepers, docs, progress)
+        elif queries:
             _rank(runner, scorer, inputs, [t for _, t in queries], keepers, docs, progress)
     finally:
         progress.close()
@@ -281,7 +353,7 @@ def run_rerank(
     tables = tables or [docs.empty()]
     meta = provenance(runner.model, runner, {
         "method": scorer.method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
-        "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt,
+        "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt, "group_col": opts.group_col,
     })
     _write_all(output, tables, meta)
     report.seconds["write"] = time.perf_counter() - t0

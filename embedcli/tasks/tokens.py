@@ -17,7 +17,7 @@ from embedcli.io.writers import embedding_array
 from embedcli.pooling import get_activation, resolve_classifier_activation
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, empty_batch, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -48,7 +48,7 @@ class TokenOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
-    strip: bool = True
+    strip: bool = False
 
 
 def special_ids(model: Any) -> np.ndarray:
@@ -112,8 +112,7 @@ class TokenEmbedCodec:
             "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
             "embeddings": list_of_vectors([k[1] for k in kept], self.width),
         }
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
@@ -182,8 +181,7 @@ class TokenClassifyCodec:
         }
         if self.opts.all_scores:
             columns["probs"] = list_of_vectors(probs, width)
-        columns.update(kept_columns(batch, self.keep_cols))
-        return pa.table(columns)
+        return pa.table(with_kept(columns, batch, self.keep_cols))
 
     def empty(self) -> Any:
         """The output of no rows."""
@@ -202,7 +200,7 @@ def token_runner(task: str, command: str, choice: ModelChoice, opts: TokenOption
     # must select *label* columns, as in vLLM where a reward model's forward already ends in its score head:
     # here the classifier is part of the head, so the columns are selected after it (`LabelColumns`) and
     # the activation runs on the kept columns only.
-    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id}
+    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id, "task": task}
     if task == "token_classify":
         mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
         act = "none" if opts.returned_token_ids else activation(opts.activation)
@@ -221,7 +219,7 @@ def run_token_embed(
 ) -> int:
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner = token_runner("token_embed", "token-embed", choice, opts)
     model = runner.model
     width = runner.params.dimensions or model.spec.embedding_size
@@ -236,7 +234,7 @@ def run_token_classify(
 ) -> int:
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     runner = token_runner("token_classify", "token-classify", choice, opts)
     model = runner.model
     names = list(model.spec.id2label)

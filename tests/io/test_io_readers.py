@@ -181,9 +181,11 @@ def test_txt_one_record_per_line(tmp_path: Path) -> None:
 
 def test_stdin_jsonl_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_stdin(monkeypatch, b'{"text": "from stdin"}\n{"id": "ignored", "text": "two"}\n')
-    rows = collect(read_inputs(["-"]))
-    assert [r["text"] for r in rows] == ["from stdin", "two"]
-    assert [r["id"] for r in rows] == ["stdin:1", "stdin:2"]  # the first record decides: no id field
+    bad: list[InputError] = []
+    rows = collect(read_inputs(["-"], on_bad_row=bad.append))
+    assert [r["text"] for r in rows] == ["from stdin"]
+    assert [r["id"] for r in rows] == ["stdin:1"]  # a stream cannot be read ahead: the first record decides
+    assert [e.location for e in bad] == ["line 2"]  # ... and a later id is a bad row, never silently dropped
     assert rows[0]["source"] == "-"
 
 

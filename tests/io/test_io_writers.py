@@ -100,9 +100,9 @@ def test_staging_file_until_commit(tmp_path: Path) -> None:
     t = results(0, 2)
     w = open_writer(str(out), t.schema, META)
     w.write(t)
-    staged = tmp_path / f".emb.parquet.tmp-{os.getpid()}"
-    assert temp_path(str(out)) == str(staged)
-    assert staged.exists() and not out.exists()  # a reader never sees a half-written output
+    assert temp_path(str(out)).startswith(str(tmp_path / f".emb.parquet.tmp-{os.getpid()}-"))
+    (staged,) = tmp_path.glob(".emb.parquet.tmp-*")
+    assert not out.exists()  # a reader never sees a half-written output
     w.commit()
     assert out.exists() and not staged.exists()
     w.commit()  # idempotent
@@ -265,7 +265,10 @@ def test_permission_denied_reported_before_any_write(tmp_path: Path, monkeypatch
 
 def test_output_format_choice() -> None:
     assert output_format("a.parquet") == "parquet"
-    assert output_format("a.out") == "parquet"  # unknown extension: the default
+    assert output_format("a") == "parquet"  # no extension: the default
+    assert output_format("a.out", reading=True) == "parquet"  # an existing output of unknown kind
+    with pytest.raises(OutputError, match=r"cannot write '\.out' files"):
+        output_format("a.out")  # never Parquet bytes under a name that promises another format
     assert output_format("a.NDJSON") == "jsonl"
     assert output_format("a.npy") == "npy"
     assert output_format("a.bin", "npy") == "npy"

@@ -11,7 +11,7 @@ import torch
 
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model_path
-from embedcli.models.spec import ModelConfigError, load_model_spec
+from embedcli.models.spec import ConfigRefusedError, ModelConfigError, load_model_spec
 from tests.fixtures.tiny_models import (
     build_legacy_st_model,
     build_st_model,
@@ -157,37 +157,40 @@ def _pooling_file(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "change",
+    ("change", "modes"),
     [
-        {"pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True},
-        {"pooling_mode_cls_token": True},  # two modes: cls + mean
-        {"pooling_mode_mean_tokens": False},  # none
-        {"pooling_mode_mean_tokens": False, "pooling_mode_weightedmean_tokens": True},
-        {"pooling_mode_mean_sqrt_len_tokens": True, "pooling_mode_mean_tokens": False},
+        ({"pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True}, ("max",)),
+        ({"pooling_mode_lasttoken": True, "pooling_mode_cls_token": True}, ("cls", "mean", "lasttoken")),
+        ({"pooling_mode_mean_tokens": False}, ("mean",)),  # none true: sentence-transformers' default
+        ({"pooling_mode_mean_tokens": False, "pooling_mode_weightedmean_tokens": True}, ("weightedmean",)),
+        ({"pooling_mode_mean_sqrt_len_tokens": True, "pooling_mode_mean_tokens": False}, ("mean_sqrt_len_tokens",)),
     ],
-    ids=["max", "cls+mean", "none", "weightedmean", "mean_sqrt_len"],
+    ids=["max", "cls+mean+last", "none", "weightedmean", "mean_sqrt_len"],
 )
-def test_unsupported_st_pooling_names_the_file(change, tiny_model, tmp_path) -> None:
+def test_legacy_st_pooling_modes_in_st_order(change, modes, tiny_model, tmp_path) -> None:
     folder = copy_model(tiny_model("bert-st"), tmp_path / "m")
     edit_json(_pooling_file(folder), lambda c: c.update(change))
-    with pytest.raises(ModelConfigError) as err:
-        load_model_spec(str(folder))
-    assert str(_pooling_file(folder)) in str(err.value)
-    assert "not supported" in str(err.value)
+    spec = load_model_spec(str(folder))
+    assert spec.pooling_modes == modes
+    assert spec.embedding_size == spec.hidden_size * len(modes)
+    assert spec.pooling_source == "1_Pooling/config.json: pooling_mode_*"
 
 
-def test_unsupported_st6_pooling_mode(tiny_model, tmp_path) -> None:
+@pytest.mark.parametrize("mode", [["cls", "bogus"], "max_tokens", 3])
+def test_bad_st6_pooling_mode_refused_naming_file_key_and_list(mode, tiny_model, tmp_path) -> None:
     folder = copy_model(tiny_model("bert-st6"), tmp_path / "m")
-    edit_json(_pooling_file(folder), lambda c: c.update(pooling_mode="max"))
-    with pytest.raises(ModelConfigError, match=r"pooling modes \[max\]"):
+    edit_json(_pooling_file(folder), lambda c: c.update(pooling_mode=mode))
+    with pytest.raises(ConfigRefusedError) as err:
         load_model_spec(str(folder))
+    message = str(err.value)
+    assert message.startswith(f"{_pooling_file(folder)}: pooling_mode {json.dumps(mode)}"), message
 
 
-def test_include_prompt_false_refused(tiny_model, tmp_path) -> None:
+def test_st6_list_pooling_mode_keeps_its_order(tiny_model, tmp_path) -> None:
     folder = copy_model(tiny_model("bert-st6"), tmp_path / "m")
-    edit_json(_pooling_file(folder), lambda c: c.update(include_prompt=False))
-    with pytest.raises(ModelConfigError, match="include_prompt"):
-        load_model_spec(str(folder))
+    edit_json(_pooling_file(folder), lambda c: c.update(pooling_mode=["mean", "cls"], include_prompt=False))
+    spec = load_model_spec(str(folder))
+    assert (spec.pooling_modes, spec.seq_pooling_type, spec.include_prompt) == (("mean", "cls"), "MEAN+CLS", False)
 
 
 def test_unknown_st_module_refused(tiny_model, tmp_path) -> None:
@@ -282,7 +285,7 @@ def test_dense_config_missing(tiny_model, tmp_path) -> None:
 def test_dense_in_features_must_match_hidden(tiny_model, tmp_path) -> None:
     folder = copy_model(tiny_model("bert-st-dense"), tmp_path / "m")
     edit_json(folder / "2_Dense" / "config.json", lambda c: c.update(in_features=48))
-    with pytest.raises(ModelConfigError, match="in_features 48 does not match the model's hidden size 32"):
+    with pytest.raises(ModelConfigError, match=r"in_features 48 does not match the pooled size 32 \(hidden 32 x 1 pooling modes\)"):
         load_model_spec(str(folder))
 
 

@@ -175,3 +175,32 @@ def assert_rows_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.dtype == expected.dtype
     assert tuple(actual.shape) == tuple(expected.shape)
     assert torch.equal(actual, expected)
+
+
+def ref_st_pool(rows: Rows, modes: Sequence[str], skip: int = 0) -> list[float]:
+    """sentence-transformers' Pooling of one sequence's token rows, its first `skip` (prompt) tokens masked out.
+
+    Written from its documented semantics (attention mask zeroed over the prompt): cls = first kept token
+    (position 0 when none is kept), max / mean / mean_sqrt_len / weightedmean (weights = position + 1) over
+    the kept tokens, an empty kept set giving zeros; lasttoken = the last token unless all tokens are masked.
+    """
+    hidden = len(rows[0])
+    kept = [(pos, row) for pos, row in enumerate(rows) if pos >= skip]
+    out: list[float] = []
+    for mode in modes:
+        if mode == "cls":
+            out += list(kept[0][1] if kept else rows[0])
+        elif mode == "lasttoken":
+            out += list(rows[-1]) if kept else [0.0] * hidden
+        elif mode == "max":
+            out += [max(r[j] for _, r in kept) if kept else 0.0 for j in range(hidden)]
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            count = max(len(kept), 1e-9)
+            denom = count if mode == "mean" else math.sqrt(count)
+            out += [sum(r[j] for _, r in kept) / denom for j in range(hidden)]
+        elif mode == "weightedmean":
+            total_w = max(sum(p + 1 for p, _ in kept), 1e-9)
+            out += [sum((p + 1) * r[j] for p, r in kept) / total_w for j in range(hidden)]
+        else:
+            raise KeyError(mode)
+    return out

@@ -73,8 +73,9 @@ def test_dimensions_and_prompt_names_are_validated(cli, st_stack, corpus, tmp_pa
     folder, _ = st_stack
     err = cli("embed", corpus, "-m", folder, "--dimensions", "50", "-o", tmp_path / "x.parquet", code=2)
     assert "not one of the model's Matryoshka sizes: 128, 64, 32" in err.stderr
-    err = cli("embed", corpus, "--dimensions", "64", "-o", tmp_path / "x.parquet", code=2)  # MiniLM: not Matryoshka
-    assert "matryoshka" in err.stderr.lower()
+    # MiniLM declares no Matryoshka dims: truncated with a note (tests/models/test_st_parity.py), but never widened.
+    err = cli("embed", corpus, "--dimensions", "385", "-o", tmp_path / "x.parquet", code=2)
+    assert "dimensions 385 exceeds the embedding size 384" in err.stderr
     err = cli("embed", corpus, "-m", folder, "--prompt-name", "nope", "-o", tmp_path / "x.parquet", code=2)
     assert "'nope' is not one of the model's prompts (document, query)" in err.stderr
     err = cli("embed", corpus, "--precision", "int4", "-o", tmp_path / "x.parquet", code=2)

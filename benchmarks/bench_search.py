@@ -1,0 +1,128 @@
+"""Exact search over a 100k-vector Parquet file: peak memory follows the block size, not the file.
+
+    python benchmarks/bench_search.py                      # 100,000 x 384 float32, 100 queries, top 10
+    python benchmarks/bench_search.py --rows 1000000 --blocks 1024,8192
+
+Writes a file of random unit vectors the way `embedcli embed` does (one row group per 1,024-row batch,
+zstd) and searches it with `embedcli.retrieval` (the code behind `embedcli search`, minus the query
+forward pass) for each block size, each in a fresh process; the figure is the process's peak RSS
+(VmHWM) minus its RSS just before the search, beside what reading the whole vector column at once costs.
+Results go to benchmarks/results/search.json and a table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _status_mb(key: str) -> float:
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def make_file(path: str, rows: int, dim: int, precision: str) -> None:
+    """Random unit vectors in `precision`, written in 1,024-row row groups like `embedcli embed`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from embedcli.io.writers import embedding_array
+    from embedcli.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    writer = None
+    ranges = np.vstack([np.full(dim, -0.2, np.float32), np.full(dim, 0.2, np.float32)])
+    for start in range(0, rows, 1024):
+        n = min(1024, rows - start)
+        x = rng.standard_normal((n, dim)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        table = pa.table({"id": pa.array([str(i) for i in range(start, start + n)]),
+                          "embedding": embedding_array(quantize(x, precision, ranges))})
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema, compression="zstd")
+        writer.write_table(table)
+    assert writer is not None
+    writer.close()
+
+
+def child(args: argparse.Namespace) -> None:
+    """One measurement in this (fresh) process; prints a JSON line."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from embedcli.io.writers import embedding_matrix
+    from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks
+
+    rng = np.random.default_rng(1)
+    queries = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
+    ranges = np.vstack([np.full(args.dim, -0.2, np.float32), np.full(args.dim, 0.2, np.float32)])
+    space = SearchSpace(args.precision, args.dim, ranges if args.precision in ("int8", "uint8") else None)
+    before = _status_mb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
+        f.write("5")
+    start = time.perf_counter()
+    if args.block == 0:  # the whole column at once, for contrast
+        whole = embedding_matrix(pq.read_table(args.file, columns=["embedding"]).column(0))
+        _, rows = search_blocks(queries, [whole], args.top_k, space)
+    else:
+        _, rows = search_blocks(queries, parquet_vector_blocks(args.file, args.block), args.top_k, space)
+    seconds = time.perf_counter() - start
+    peak = _status_mb("VmHWM")
+    print(json.dumps({"block_rows": args.block or "whole file", "precision": args.precision,
+                      "seconds": round(seconds, 3), "rss_before_mb": round(before, 1),
+                      "peak_over_before_mb": round(peak - before, 1), "top_row": int(rows[0, 0])}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--blocks", default="1024,8192,32768,0", help="Block sizes; 0 = the whole column at once.")
+    parser.add_argument("--precisions", default="float32,int8")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--file", help=argparse.SUPPRESS)
+    parser.add_argument("--block", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for precision in args.precisions.split(","):
+            path = os.path.join(tmp, f"vectors-{precision}.parquet")
+            make_file(path, args.rows, args.dim, precision)
+            size_mb = os.path.getsize(path) / 2**20
+            for block in [int(b) for b in args.blocks.split(",")]:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", "--file", path, "--block", str(block), "--precision", precision,
+                     "--dim", str(args.dim), "--queries", str(args.queries), "--top-k", str(args.top_k)],
+                    env=env, capture_output=True, text=True, check=True,
+                )
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row.update(rows=args.rows, dim=args.dim, queries=args.queries, file_mb=round(size_mb, 1))
+                results.append(row)
+                print(f"{precision:8s} block {row['block_rows']!s:>10}: {row['seconds']:7.2f} s, peak +{row['peak_over_before_mb']:7.1f} MiB "
+                      f"(file {size_mb:.0f} MiB on disk, {args.rows:,} x {args.dim})", flush=True)
+    out_path = ROOT / "benchmarks" / "results" / "search.json"
+    out_path.write_text(json.dumps({"threads": args.threads, "results": results}, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The Parquet reader: columns checked against the file's schema, read a batch of rows at a time."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedcli.io.commit import arrow_source
+from embedcli.io.errors import STDIN, InputError
+from embedcli.io.fingerprint import rereadable
+from embedcli.io.reader_base import (
+    BatchBuilder,
+    InputBatch,
+    ReadSpec,
+    missing_column,
+    one_line,
+)
+
+
+def _is_text_type(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_null(t)
+    )
+
+
+def _is_id_type(t: pa.DataType) -> bool:
+    base = t.value_type if pa.types.is_dictionary(t) else t
+    return (_is_text_type(t) and not pa.types.is_null(base)) or pa.types.is_integer(base)
+
+
+def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
+    return InputError(
+        path,
+        f"not a readable Parquet file{where}: {one_line(e)}",
+        fix="check the file is complete (truncated copy? still being written?) and really Parquet",
+    )
+
+
+def _open(path: str) -> pq.ParquetFile:
+    try:
+        if path == STDIN:
+            source: Any = pa.BufferReader(sys.stdin.buffer.read())
+        elif not rereadable(path):  # a pipe or FIFO: Parquet needs to seek, so read it once, whole
+            with open(path, "rb") as f:
+                source = pa.BufferReader(f.read())
+        else:
+            source = arrow_source(path)
+        return pq.ParquetFile(source)
+    except FileNotFoundError:
+        raise InputError(path, "no such file", fix="check the path") from None
+    except (pa.ArrowException, OSError) as e:
+        raise _not_parquet(path, e) from None
+
+
+def _check_columns(path: str, schema: pa.Schema, spec: ReadSpec) -> str | None:
+    """Check the requested columns and their types against the file's schema; returns the id column."""
+    names = schema.names
+
+    def need(col: str, what: str, flag: str | None) -> None:
+        if col not in names:
+            raise missing_column(path, what, col, names, flag)
+
+    need(spec.text_col, "text", "--text-col")
+    for c in spec.extra_text_cols:
+        need(c, "text", None)
+    for c in spec.keep_cols:
+        need(c, "kept", "--keep-cols")
+        _fix_kept_type(path, spec, c, schema.field(c).type)
+    id_col: str | None = spec.id_col if (spec.id_explicit or spec.id_col in names) else None
+    if id_col is not None:
+        need(id_col, "id", "--id-col")
+        t = schema.field(id_col).type
+        if not _is_id_type(t):
+            raise InputError(path, f"id column {id_col!r} has type {t}; ids must be strings or integers")
+    for c in (spec.text_col, *spec.extra_text_cols):
+        t = schema.field(c).type
+        if not _is_text_type(t):
+            raise InputError(path, f"text column {c!r} has type {t}; expected a string column")
+    return id_col
+
+
+def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
+    """Parquet, a batch of rows at a time; ids from the id column if present, else `file:row`."""
+    with _open(path) as pf:
+        id_col = _check_columns(path, pf.schema_arrow, spec)
+        wanted = [spec.text_col, *spec.extra_text_cols, *spec.keep_cols, *([id_col] if id_col else [])]
+        b = BatchBuilder(path, spec)
+        batches = pf.iter_batches(batch_size=spec.batch_rows, columns=list(dict.fromkeys(wanted)))
+        row = 0
+        while True:
+            try:
+                rb = next(batches)
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError) as e:
+                raise _not_parquet(path, e, f" (reading rows from {row})") from None
+            rows = range(row, row + rb.num_rows)
+            row += rb.num_rows
+            locations = [f"row {i}" for i in rows]
+            texts = rb.column(spec.text_col).to_pylist()
+            kept = {c: rb.column(c).to_pylist() for c in spec.keep_cols}
+            extra = {c: rb.column(c).to_pylist() for c in spec.extra_text_cols}
+            if id_col is None:
+                ids = [f"{prefix}:{i}" for i in rows]
+            else:
+                ids = pc.cast(rb.column(id_col), pa.string()).to_pylist()
+                keep = _good_ids(path, id_col, ids, locations, spec)
+                if keep is not None:
+                    locations, ids, texts = [locations[j] for j in keep], [ids[j] for j in keep], [texts[j] for j in keep]
+                    kept = {c: [v[j] for j in keep] for c, v in kept.items()}
+                    extra = {c: [v[j] for j in keep] for c, v in extra.items()}
+            b.extend(locations, ids, texts, kept, extra)
+            yield from b.drain_full()
+        if len(b):
+            yield b.take()
+
+
+def _good_ids(path: str, id_col: str, ids: list[Any], locations: list[str], spec: ReadSpec) -> list[int] | None:
+    """Report null/empty ids as bad rows; the rows to keep, or None when all are good."""
+    bad = [j for j, v in enumerate(ids) if not v]
+    if not bad:
+        return None
+    for j in bad:
+        what = "null" if ids[j] is None else "empty"
+        spec.bad(
+            InputError(path, f"id column {id_col!r} is {what}", location=locations[j], fix="give every record a unique id")
+        )
+    return [j for j in range(len(ids)) if ids[j]]
+
+
+def _fix_kept_type(path: str, spec: ReadSpec, col: str, t: pa.DataType) -> None:
+    """A kept column takes the Parquet file's own type (never re-guessed from values batch by batch)."""
+    known = spec.kept_types.get(col)
+    if known is not None and not known.equals(t):
+        raise InputError(
+            path,
+            f"kept column {col!r} is {t} here, but {known} in an earlier input",
+            fix="give the column one type in every input, or keep it from one of them only",
+        )
+    spec.kept_types[col] = t

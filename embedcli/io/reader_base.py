@@ -1,0 +1,348 @@
+"""What every input reader shares: the batch type, the batch builder, byte-level helpers and row errors."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import select
+import sys
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import pyarrow as pa
+
+from embedcli.io.errors import STDIN, InputError
+
+BOM = b"\xef\xbb\xbf"
+UTF8_FIX = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)"
+
+MAX_TEXT_CHARS = 1 << 26
+"""The longest text read (64 Mi characters); past it a record is a bad row (truncation keeps far less)."""
+
+BadRowHandler = Callable[[InputError], None]
+
+
+@dataclass
+class InputBatch:
+    """Consecutive records of one input file, in file order, with their locations and ids."""
+
+    source: str
+    locations: list[str]
+    ids: list[str]
+    texts: list[str | None]
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    extra_texts: dict[str, list[str | None]] = field(default_factory=dict)
+    column_types: dict[str, pa.DataType] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        """Return the number of records in the batch."""
+        return len(self.ids)
+
+    def kept_arrays(self, names: Sequence[str]) -> dict[str, pa.Array]:
+        """The kept columns as Arrow arrays of the run's type (a Parquet input's own, else the first seen)."""
+        return kept_arrays(self.columns, names, self.column_types)
+
+
+def kept_arrays(
+    columns: Mapping[str, Sequence[Any]], names: Sequence[str], types: Mapping[str, pa.DataType] | None = None
+) -> dict[str, pa.Array]:
+    """Kept column values as Arrow arrays, of the given types where known (else inferred)."""
+    out = {}
+    for name in names:
+        arr = pa.array(columns[name], type=(types or {}).get(name))
+        # A column null so far would fix its type to null for the whole output.
+        out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
+    return out
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    text_col: str
+    id_col: str
+    id_explicit: bool
+    keep_cols: tuple[str, ...]
+    extra_text_cols: tuple[str, ...]
+    batch_rows: int
+    on_bad_row: BadRowHandler | None
+    batch_chars: int | None = None  # a batch also ends at the row whose text brings it to this many characters
+    kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
+
+    def bad(self, err: InputError) -> None:
+        """Raise a row-level error, or hand it to `on_bad_row` (and let the caller skip the row)."""
+        if self.on_bad_row is None:
+            raise err
+        self.on_bad_row(err)
+
+
+class BatchBuilder:
+    """Accumulates records of one file and cuts them into batches of `batch_rows`."""
+
+    def __init__(self, source: str, spec: ReadSpec, infer_types: bool = False) -> None:
+        self.source = source
+        self.spec = spec
+        self.infer_types = infer_types  # JSON values: the first typed batch fixes each kept column's type
+        self.locations: list[str] = []
+        self.ids: list[str] = []
+        self.texts: list[str | None] = []
+        self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
+        self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
+        self.chars = 0  # text characters held (only counted under a `batch_chars` cap)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def too_long(self, location: str, rid: str, texts: Sequence[Any]) -> bool:
+        """Report the record as a bad row when a text of it is past MAX_TEXT_CHARS."""
+        size = max((len(t) for t in texts if isinstance(t, str)), default=0)
+        if size <= MAX_TEXT_CHARS:
+            return False
+        self.spec.bad(
+            InputError(
+                self.source,
+                f"a text of {size:,} characters, past the {MAX_TEXT_CHARS:,} embedcli reads",
+                location=location,
+                record_id=rid,
+                fix="split the document into parts",
+            )
+        )
+        return True
+
+    def add(
+        self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any]
+    ) -> None:
+        if self.too_long(location, rid, [text, *extra]):
+            return
+        self.locations.append(location)
+        self.ids.append(rid)
+        self.texts.append(text)
+        if self.spec.batch_chars is not None and text is not None:
+            self.chars += len(text)
+        for col, value in zip(self.spec.keep_cols, kept, strict=True):
+            self.columns[col].append(value)
+        for col, value in zip(self.spec.extra_text_cols, extra, strict=True):
+            self.extra[col].append(value)
+
+    def extend(
+        self,
+        locations: list[str],
+        ids: list[str],
+        texts: list[str | None],
+        kept: dict[str, list[Any]],
+        extra: dict[str, list[Any]],
+    ) -> None:
+        longest = max((len(t) for col in (texts, *extra.values()) for t in col if isinstance(t, str)), default=0)
+        if longest > MAX_TEXT_CHARS:  # rare: fall back to one record at a time
+            for j, loc in enumerate(locations):
+                self.add(loc, ids[j], texts[j], [kept[c][j] for c in self.spec.keep_cols],
+                         [extra[c][j] for c in self.spec.extra_text_cols])
+            return
+        self.locations += locations
+        self.ids += ids
+        self.texts += texts
+        if self.spec.batch_chars is not None:
+            self.chars += sum(len(t) for t in texts if t is not None)
+        for col in self.spec.keep_cols:
+            self.columns[col] += kept[col]
+        for col in self.spec.extra_text_cols:
+            self.extra[col] += extra[col]
+
+    def full(self) -> bool:
+        cap = self.spec.batch_chars
+        return len(self.ids) >= self.spec.batch_rows or (cap is not None and self.chars >= cap)
+
+    def _cut(self) -> int:
+        """Rows of the next full batch: `batch_rows`, or fewer where the texts reach `batch_chars`."""
+        n = min(len(self.ids), self.spec.batch_rows)
+        cap = self.spec.batch_chars
+        if cap is None:
+            return n
+        used = 0
+        for i in range(n):
+            used += len(self.texts[i] or "")
+            if used >= cap:
+                return i + 1
+        return n
+
+    def take(self, n: int | None = None) -> InputBatch:
+        """Remove and return the first `n` records (all when None) as a batch."""
+        n = len(self.ids) if n is None else n
+        if self.spec.batch_chars is not None:
+            self.chars -= sum(len(t) for t in self.texts[:n] if t is not None)
+        batch = InputBatch(
+            source=self.source,
+            locations=self.locations[:n],
+            ids=self.ids[:n],
+            texts=self.texts[:n],
+            columns={c: v[:n] for c, v in self.columns.items()},
+            extra_texts={c: v[:n] for c, v in self.extra.items()},
+        )
+        del self.locations[:n], self.ids[:n], self.texts[:n]
+        for v in self.columns.values():
+            del v[:n]
+        for v in self.extra.values():
+            del v[:n]
+        if self.infer_types and self.spec.keep_cols:
+            batch = self._typed(batch)
+        batch.column_types = {c: t for c in self.spec.keep_cols if (t := self.spec.kept_types.get(c)) is not None}
+        return batch
+
+    def _typed(self, batch: InputBatch) -> InputBatch:
+        """Check kept values against the run's column types (fixing them on first sight); drop conflicting rows."""
+        bad: set[int] = set()
+        for col in self.spec.keep_cols:
+            values, known = batch.columns[col], self.spec.kept_types.get(col)
+            try:
+                arr = pa.array(values, type=known)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                arr = None
+            if arr is not None:
+                if known is None and not pa.types.is_null(arr.type):
+                    self.spec.kept_types[col] = arr.type
+                continue
+            # Find the rows that do not fit: against the known type, or (first sight) the first value's.
+            ref = known if known is not None else _first_type(values)
+            for j, v in enumerate(values):
+                if j not in bad and not _fits(v, ref):
+                    bad.add(j)
+                    self.spec.bad(
+                        InputError(
+                            self.source,
+                            f"kept field {col!r} is {type_name(v)}, but the column is {ref} in earlier rows",
+                            location=batch.locations[j],
+                            record_id=batch.ids[j],
+                            fix="give the field one type in every record",
+                        )
+                    )
+            if known is None and ref is not None and not pa.types.is_null(ref):
+                self.spec.kept_types[col] = ref
+        if not bad:
+            return batch
+        keep = [j for j in range(len(batch)) if j not in bad]
+        return InputBatch(
+            source=batch.source,
+            locations=[batch.locations[j] for j in keep],
+            ids=[batch.ids[j] for j in keep],
+            texts=[batch.texts[j] for j in keep],
+            columns={c: [v[j] for j in keep] for c, v in batch.columns.items()},
+            extra_texts={c: [v[j] for j in keep] for c, v in batch.extra_texts.items()},
+        )
+
+    def drain_full(self) -> Iterator[InputBatch]:
+        while self.ids and (len(self.ids) >= self.spec.batch_rows or self._cut() < len(self.ids)):
+            yield self.take(self._cut())
+
+
+# --------------------------------------------------------------------------------------------------
+# Byte-level helpers
+
+
+def open_binary(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    if path == STDIN:
+        return contextlib.nullcontext(sys.stdin.buffer)
+    try:
+        if path.lower().endswith(".gz"):
+            return gzip.open(path, "rb")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(path, "no such file", fix="check the path") from None
+    except OSError as e:
+        raise InputError(path, f"cannot open: {e.strerror or e}") from None
+
+
+def pipe_lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """Lines of a pipe as they arrive, and None each time the writer has nothing more for now."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield from f  # not a real descriptor (an in-memory stream): it never waits
+        return
+    # Reads go to the descriptor under `f` (nothing has been read through `f` itself yet): a buffered
+    # read would wait for a full buffer, not for the next line.
+    pending = b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            yield line + b"\n"
+        if not select.select([fd], [], [], 0)[0]:
+            yield None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        pending += chunk
+    if pending:
+        yield pending
+
+
+def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed.
+
+    With `idle` (stdin), (line number, None) marks a pause of the writer: the caller hands on what it holds.
+    """
+    lineno = 0
+    try:
+        for raw in pipe_lines(f) if idle and path == STDIN else f:
+            if raw is None:
+                yield lineno, None
+                continue
+            lineno += 1
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
+            yield lineno, raw
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(
+            path, f"cannot read the file: {one_line(e)}", location=f"line {lineno + 1}"
+        ) from None
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def utf8_error(path: str, lineno: int, e: UnicodeDecodeError, record_id: str | None = None) -> InputError:
+    return InputError(
+        path,
+        f"not valid UTF-8 (byte 0x{e.object[e.start]:02x} at byte {e.start + 1} of the line)",
+        location=f"line {lineno}",
+        record_id=record_id,
+        fix=UTF8_FIX,
+    )
+
+
+def missing_column(
+    path: str, what: str, col: str, existing: Sequence[str], flag: str | None, location: str | None = None
+) -> InputError:
+    noun = "field" if location else "column"
+    listing = ", ".join(repr(c) for c in existing) if existing else "(none)"
+    return InputError(
+        path,
+        f"no {what} {noun} {col!r}; the {noun}s are: {listing}",
+        location=location,
+        fix=f"pass {flag} with one of them" if flag else "name one of them",
+    )
+
+
+def type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _fits(value: Any, t: pa.DataType | None) -> bool:
+    try:
+        pa.array([value], type=t)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _first_type(values: Sequence[Any]) -> pa.DataType | None:
+    for v in values:
+        if v is not None:
+            try:
+                return pa.array([v]).type
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                return None
+    return None

@@ -1,0 +1,96 @@
+"""Which model types run on embedcli's own packed backbones, and building one (with its head) from a folder.
+
+Everything here reads config.json and safetensors directly; a checkpoint a backbone does not compute
+exactly raises `UnsupportedCheckpoint`, and the loader then keeps transformers' modules for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from embedcli.models.layers import (
+    JsonConfig,
+    UnsupportedCheckpoint,
+    Weights,
+    load_state_dict,
+    skip_init_weights,
+)
+from embedcli.models.spec import ModelSpec
+
+# model_type -> (module, class), named as vLLM names its model files.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "bert": ("embedcli.models.bert", "BertModel"),
+    "roberta": ("embedcli.models.roberta", "RobertaModel"),
+    "xlm-roberta": ("embedcli.models.roberta", "RobertaModel"),
+    "camembert": ("embedcli.models.roberta", "RobertaModel"),
+    "distilbert": ("embedcli.models.distilbert", "DistilBertModel"),
+    "mpnet": ("embedcli.models.mpnet", "MPNetModel"),
+    "llama": ("embedcli.models.llama", "LlamaModel"),
+    "mistral": ("embedcli.models.llama", "LlamaModel"),
+    "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
+    "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
+}
+
+BACKBONE_CHOICES = ("auto", "own", "transformers")
+
+
+def has_own_backbone(model_type: str) -> bool:
+    """Whether embedcli implements this model type itself."""
+    return model_type in FAMILIES
+
+
+def _linear(weights: Weights, name: str, *, bias: bool = True) -> nn.Linear:
+    """An `nn.Linear` holding the checkpoint's `name.weight` (and `name.bias`)."""
+    weight = weights.head(f"{name}.weight")
+    if weight is None:
+        raise UnsupportedCheckpoint(f"classifier tensor {name}.weight is missing")
+    b = weights.head(f"{name}.bias") if bias else None
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=b is not None)
+    linear.weight.data.copy_(weight)
+    if b is not None:
+        linear.bias.data.copy_(b)
+    return linear
+
+
+def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
+    """The head of a `*ForSequenceClassification` / `*ForTokenClassification` checkpoint, on pooled vectors."""
+    if spec.head == "token_classification":
+        return _linear(weights, "classifier")
+    if spec.is_decoder:
+        return _linear(weights, "score", bias=False)
+    p = weights.prefix
+    if spec.model_type == "bert":
+        # BERT's pooler (dense + tanh over the CLS state) belongs to the classification head.
+        return nn.Sequential(_linear(weights, f"{p}pooler.dense"), nn.Tanh(), _linear(weights, "classifier"))
+    if spec.model_type == "distilbert":
+        return nn.Sequential(_linear(weights, "pre_classifier"), nn.ReLU(), _linear(weights, "classifier"))
+    # RoBERTa / XLM-R / CamemBERT / MPNet classification heads: dense + tanh + out_proj on the first token.
+    return nn.Sequential(_linear(weights, "classifier.dense"), nn.Tanh(), _linear(weights, "classifier.out_proj"))
+
+
+def load_own_backbone(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device
+) -> tuple[nn.Module, nn.Module | None]:
+    """The own backbone of `spec` (eval, no grad) and its float32 classifier head (None for base models)."""
+    if spec.model_type not in FAMILIES:
+        raise UnsupportedCheckpoint(f"model_type {spec.model_type!r} has no own backbone")
+    module_name, class_name = FAMILIES[spec.model_type]
+    cls = getattr(importlib.import_module(module_name), class_name)
+    config = JsonConfig.read(spec.path)
+    state = load_state_dict(Path(spec.path), spec.weights)
+    with skip_init_weights():
+        model = cls(config)
+    weights = model.load(state)
+    classifier = None if spec.head == "base" else _classifier(spec, weights).to(device=device, dtype=torch.float32)
+    model = model.to(device=device, dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if classifier is not None:
+        classifier.eval()
+        for p in classifier.parameters():
+            p.requires_grad_(False)
+    return model, classifier

@@ -1,0 +1,53 @@
+"""Cutting over-long texts by characters before tokenizing, when truncating: same tokens, bounded cost.
+
+Tokenizing a 50 MB text to keep its first 256 tokens costs gigabytes and minutes. Under truncation only
+a prefix (or, truncating left, a suffix) of a text matters, so a text is first cut to `bound`
+characters (well above max length x the longest token). The cut never changes the kept tokens: a cut
+text is accepted only when it still overflows the max length and a pre-token boundary (whitespace)
+lies between the last kept token and the cut; otherwise that row is tokenized whole, as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+_BOUNDARY_AFTER = re.compile(r"\s+\S")
+_BOUNDARY_BEFORE = re.compile(r"\S\s+")
+_MIN_TOKEN_CHARS = 16  # an [UNK] or a normalized token can stand for more text than its vocab string
+
+
+def clip_bound(tokenizer: Any, max_length: int) -> int:
+    """Characters kept of an over-long text: twice max length x the longest vocab token (at least 16)."""
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=0)
+    return 2 * max_length * max(longest, _MIN_TOKEN_CHARS) + 1024
+
+
+def clip_texts(texts: list[Any], bound: int, side: str) -> tuple[list[Any], list[int]]:
+    """Single texts longer than `bound` cut to `bound` characters on the kept side; returns (texts, cut rows).
+
+    Text pairs are left whole: longest-first truncation of a pair depends on both full lengths.
+    """
+    out = list(texts)
+    cut: list[int] = []
+    for i, t in enumerate(texts):
+        if isinstance(t, str) and len(t) > bound:
+            out[i] = t[:bound] if side == "right" else t[-bound:]
+            cut.append(i)
+    return out, cut
+
+
+def unsafe_cuts(texts: Sequence[Any], encodings: Sequence[Any], cut: list[int], side: str) -> list[int]:
+    """The cut rows whose kept tokens the cut may have changed (to be tokenized whole instead)."""
+    redo = []
+    for i in cut:
+        enc, text = encodings[i], texts[i]
+        spans = [o for o, special in zip(enc.offsets, enc.special_tokens_mask, strict=True) if not special]
+        if not enc.overflowing or not spans:
+            redo.append(i)  # the cut text fits: the whole one has more tokens to keep
+        elif side == "right" and not _BOUNDARY_AFTER.search(text, max(e for _, e in spans)):
+            redo.append(i)  # the last kept token's word may run into the cut
+        elif side != "right" and not _BOUNDARY_BEFORE.search(text, 0, min(s for s, _ in spans)):
+            redo.append(i)
+    return redo

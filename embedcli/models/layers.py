@@ -1,0 +1,223 @@
+"""What every own backbone shares: the JSON config, checkpoint tensors by name, activations, varlen attention.
+
+The backbones (`bert.py`, `roberta.py`, `distilbert.py`, `mpnet.py`, `llama.py`, `qwen2.py`, `qwen3.py`)
+run on the flat `[total_tokens, hidden]` buffer of sequences laid end to end; only attention sees the
+sequence boundaries (a `PackInfo`). Nothing here imports transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedcli.models.packing import PackInfo, flash_attn_available, packed_attention
+
+StateDict = dict[str, torch.Tensor]
+
+
+class UnsupportedCheckpoint(ValueError):
+    """A checkpoint an own backbone does not implement exactly; the loader falls back to transformers."""
+
+
+class JsonConfig(SimpleNamespace):
+    """A model's config.json as attributes (missing keys raise AttributeError, so `getattr(c, k, None)` works)."""
+
+    @classmethod
+    def read(cls, folder: str | Path) -> JsonConfig:
+        """Parse `folder/config.json`, with the defaults transformers' config classes would add."""
+        with (Path(folder) / "config.json").open(encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+        if "num_labels" not in data:
+            # transformers: num_labels is len(id2label), 2 when the config names none.
+            data["num_labels"] = len(data.get("id2label") or {}) or 2
+        return cls(**data)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of `key`, or `default` when the config lacks it or holds null."""
+        value = getattr(self, key, None)
+        return default if value is None else value
+
+
+_INIT_FUNCTIONS = ("uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "ones_", "zeros_")
+
+
+@contextlib.contextmanager
+def skip_init_weights() -> Iterator[None]:
+    """Modules built inside keep their freshly allocated (uninitialized) tensors: the checkpoint fills them.
+
+    Random init costs time for nothing, and building on the meta device instead pulls in torch._dynamo
+    (~0.8 s at start) through the meta kernels of `normal_`. transformers' `no_init_weights` does the same.
+    """
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def load_state_dict(folder: str | Path, files: Iterable[str]) -> StateDict:
+    """Every tensor of the model's safetensors files, by the name the checkpoint saved it under."""
+    from safetensors.torch import load_file
+
+    state: StateDict = {}
+    for name in files:
+        if not name.endswith(".safetensors"):
+            raise UnsupportedCheckpoint(f"{name}: own backbones read safetensors only")
+        state.update(load_file(str(Path(folder) / name)))
+    return state
+
+
+class Weights:
+    """Tensors of one checkpoint looked up under the model's prefix (`bert.`, `model.`, or none)."""
+
+    def __init__(self, state: StateDict, prefixes: Iterable[str], probe: str) -> None:
+        self.state = state
+        found = [p for p in prefixes if p + probe in state]
+        if not found:
+            raise UnsupportedCheckpoint(f"no tensor {probe!r} under any of the prefixes {list(prefixes)}")
+        self.prefix = found[0]
+
+    def has(self, name: str) -> bool:
+        """Whether the backbone tensor `name` exists (legacy `gamma`/`beta` layer-norm names included)."""
+        return self._key(name) is not None
+
+    def _key(self, name: str) -> str | None:
+        key = self.prefix + name
+        if key in self.state:
+            return key
+        # Old TF-converted checkpoints name layer-norm parameters gamma/beta; transformers renames them.
+        legacy = self.prefix + name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        return legacy if legacy in self.state else None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        key = self._key(name)
+        if key is None:
+            raise UnsupportedCheckpoint(f"tensor {self.prefix + name!r} is missing from the checkpoint")
+        return self.state[key]
+
+    def head(self, name: str) -> torch.Tensor | None:
+        """A tensor outside the backbone (a classifier head's), by its full name; None if absent."""
+        return self.state.get(name)
+
+
+def copy_linear(linear: nn.Linear, weights: Weights, *names: str) -> None:
+    """Fill `linear` from the Linear layers `names` (several are concatenated by rows: fused projections)."""
+    linear.weight.data.copy_(torch.cat([weights[f"{n}.weight"] for n in names]))
+    if linear.bias is not None:
+        linear.bias.data.copy_(torch.cat([weights[f"{n}.bias"] for n in names]))
+
+
+def copy_norm(norm: nn.Module, weights: Weights, name: str) -> None:
+    """Fill a LayerNorm / RMSNorm from `name.weight` (and `name.bias` when it has one)."""
+    norm.weight.data.copy_(weights[f"{name}.weight"])
+    bias = getattr(norm, "bias", None)
+    if bias is not None:
+        bias.data.copy_(weights[f"{name}.bias"])
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# transformers' ACT2FN names; gelu_new / gelu_fast are the tanh approximation written out (equal to
+# float32 rounding), `gelu` is the exact erf form.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "quick_gelu": _quick_gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "tanh": torch.tanh,
+}
+
+
+def activation(name: object) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation transformers calls `name`."""
+    try:
+        return ACTIVATIONS[str(name)]
+    except KeyError:
+        raise UnsupportedCheckpoint(f"activation {name!r} is not implemented by the own backbones") from None
+
+
+def varlen_attention(
+    qkv: torch.Tensor,
+    pack: PackInfo,
+    heads: int,
+    head_dim: int,
+    *,
+    kv_heads: int | None = None,
+    causal: bool = False,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention confined to each sequence, from a fused `[total, (heads + 2 kv_heads) * dim]` projection.
+
+    Returns `[total, heads * dim]`. A pack of several sequences is padded only here: the fused rows are
+    gathered once into `[batch, max_len, ...]`, SDPA runs with the key-padding mask (or `bias`, which
+    must carry it, see `packing.padded_bias`), and the real rows are gathered back.
+    """
+    kv = kv_heads or heads
+    total = qkv.shape[0]
+    if pack.batch == 1 or (bias is None and flash_attn_available(qkv.device) and qkv.dtype != torch.float32):
+        q, k, v = qkv.split([heads * head_dim, kv * head_dim, kv * head_dim], dim=-1)
+        out = packed_attention(
+            q.view(total, heads, head_dim), k.view(total, kv, head_dim), v.view(total, kv, head_dim),
+            pack, causal=causal, scale=scale, attn_bias=bias,
+        )
+        return out.reshape(total, heads * head_dim)
+    padded = qkv.index_select(0, pack.gather_index).view(pack.batch, pack.max_len, heads + 2 * kv, head_dim)
+    padded = padded.transpose(1, 2)  # [batch, heads + 2 kv, max_len, dim]
+    q, k, v = padded.split([heads, kv, kv], dim=1)
+    mask = bias if bias is not None else (None if causal else pack.key_mask)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=kv != heads
+    )
+    out = out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads * head_dim)
+    return out.index_select(0, pack.scatter_index)
+
+
+class EncoderLayer(nn.Module):
+    """A post-norm transformer encoder layer (BERT, RoBERTa, DistilBERT, MPNet) with a fused QKV projection."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, act: str) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.up = nn.Linear(hidden, intermediate)
+        self.down = nn.Linear(intermediate, hidden)
+        self.out_norm = nn.LayerNorm(hidden, eps=eps)
+        self.act = activation(act)
+
+    def load(self, weights: Weights, names: Mapping[str, str | tuple[str, ...]]) -> None:
+        """Copy the layer's tensors; `names` maps qkv (three names), attn_out, attn_norm, up, down, out_norm."""
+        qkv = names["qkv"]
+        copy_linear(self.qkv, weights, *(qkv if isinstance(qkv, tuple) else (qkv,)))
+        for part in ("attn_out", "up", "down"):
+            copy_linear(getattr(self, part), weights, str(names[part]))
+        copy_norm(self.attn_norm, weights, str(names["attn_norm"]))
+        copy_norm(self.out_norm, weights, str(names["out_norm"]))
+
+    def forward(self, x: torch.Tensor, pack: PackInfo, bias: torch.Tensor | None = None) -> torch.Tensor:
+        context = varlen_attention(self.qkv(x), pack, self.heads, self.head_dim, bias=bias)
+        x = self.attn_norm(self.attn_out(context) + x)
+        return self.out_norm(self.down(self.act(self.up(x))) + x)

@@ -1,0 +1,76 @@
+"""Heads taken from a language model's own LM head: the yes/no reranker rows and the SPLADE masked-LM head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from embedcli.errors import ModelConfigError
+from embedcli.models.spec import ModelSpec
+from embedcli.pooling import (
+    DispatchPooler,
+    Pooler,
+    PoolerConfig,
+    SpladePooler,
+    TokenLogitScore,
+    get_activation,
+    pooler_for_classify,
+)
+from embedcli.pooling.activations import PoolerClassify
+
+
+def lm_score_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
+    """The score tokens' rows of a causal LM's `lm_head` (float32), as a `[n, hidden] -> [n, 1]` module."""
+    lm_head = model.get_output_embeddings()
+    if lm_head is None:
+        raise ModelConfigError(f"{spec.path}: the causal LM has no output embeddings (lm_head) to score with")
+    weight = lm_head.weight
+    if callable(weight):  # int8 dynamically quantized Linear
+        weight = weight().dequantize()
+    bias = getattr(lm_head, "bias", None)
+    if callable(bias):
+        bias = bias()
+    index = torch.tensor(spec.score_token_ids, dtype=torch.long, device=weight.device)
+    rows = weight.index_select(0, index)
+    return TokenLogitScore(rows, None if bias is None else bias.index_select(0, index))
+
+
+def mlm_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
+    """The masked-LM head (transform + decoder) of a `*ForMaskedLM` model: `[n, hidden] -> [n, vocab]` logits."""
+    kind = spec.model_type
+    if kind == "bert":
+        return model.cls
+    if kind in ("roberta", "xlm-roberta", "camembert", "mpnet"):
+        return model.lm_head
+    if kind == "distilbert":
+        return nn.Sequential(model.vocab_transform, model.activation, model.vocab_layer_norm, model.vocab_projector)
+    raise ModelConfigError(f"{spec.path}: SPLADE on model_type {kind!r} is not supported (bert, roberta, "
+                           "xlm-roberta, camembert, mpnet, distilbert)")
+
+
+def lm_pooler(spec: ModelSpec, options: Any, head: nn.Module | None) -> Pooler:
+    """LAST pooling + the token score head (sigmoid unless --raw-scores), or the SPLADE pooler."""
+    assert head is not None
+    if spec.head == "sparse":
+        top_k = options.sparse_top_k if options.sparse_top_k is not None else spec.sparse_top_k
+        return DispatchPooler(
+            {
+                "sparse_embed": SpladePooler(
+                    head, reduce=spec.sparse_pooling or "max",  # type: ignore[arg-type]
+                    activation=spec.sparse_activation or "relu", top_k=top_k,  # type: ignore[arg-type]
+                )
+            }
+        )
+    # sentence-transformers' CrossEncoder default for one score is Sigmoid (vLLM: sigmoid of the 1-label logit);
+    # --raw-scores asks for "none".
+    activation = get_activation(options.activation, 1) if options.activation else PoolerClassify(1)
+    return DispatchPooler(
+        {
+            "classify": pooler_for_classify(
+                PoolerConfig(seq_pooling_type="LAST", logit_mean=options.logit_mean, logit_sigma=options.logit_sigma),
+                head, activation, torch.float32, num_labels=1,
+            )
+        }
+    )

@@ -1,0 +1,17 @@
+"""RoBERTa, XLM-RoBERTa and CamemBERT on the packed buffer: BERT's layers under the `roberta.` prefix.
+
+What differs from BERT is the position ids: fairseq style, starting at `pad_token_id + 1`
+(the loader's `LoadedModel.position_ids` adds that offset for these model types).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from embedcli.models.bert import BertModel
+
+
+class RobertaModel(BertModel):
+    """The RoBERTa encoder stack (no pooler)."""
+
+    prefixes: ClassVar[tuple[str, ...]] = ("", "roberta.")

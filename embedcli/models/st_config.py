@@ -1,0 +1,243 @@
+"""sentence-transformers module and config files: Pooling modes, CrossEncoder activation, similarity, prompts.
+
+Each reader returns what it found and where (`file: key`), so `embedcli info` can say why a model computes
+what it does; anything embedcli would compute differently from sentence-transformers is refused (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embedcli.errors import ConfigRefusedError, ModelConfigError
+
+# Module class paths in modules.json: the classic `sentence_transformers.models.*` names, and the ones
+# sentence-transformers >= 6 writes when it saves a model (`base.modules.*`, `sentence_transformer.modules.*`).
+ST_TYPES: dict[str, tuple[str, ...]] = {
+    "dense": (
+        "sentence_transformers.models.Dense",
+        "sentence_transformers.base.modules.dense.Dense",
+        "pylate.models.Dense.Dense",
+    ),
+    "normalize": ("sentence_transformers.models.Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
+    "pooling": (
+        "sentence_transformers.models.Pooling",
+        "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+    ),
+    "transformer": (
+        "sentence_transformers.models.Transformer",
+        "sentence_transformers.base.modules.transformer.Transformer",
+    ),
+    # SparseEncoder (SPLADE): a masked-LM transformer (v5 and v6 names; v6 also saves a plain Transformer
+    # with transformer_task "fill-mask") followed by SpladePooling.
+    "mlm_transformer": (
+        "sentence_transformers.sparse_encoder.models.MLMTransformer",
+        "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer",
+    ),
+    "splade_pooling": (
+        "sentence_transformers.sparse_encoder.models.SpladePooling",
+        "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling",
+    ),
+    # CrossEncoder on a causal LM: the score is logit[true] - logit[false] at the last token.
+    "logit_score": ("sentence_transformers.cross_encoder.modules.logit_score.LogitScore",),
+}
+ST_CONFIG = "config_sentence_transformers.json"
+# sentence-transformers' Pooling modes; the legacy `pooling_mode_<name>` booleans concatenate in this order.
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+_LEGACY_MODE_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# The embedcli / vLLM-style pooling type of each mode (`ModelSpec.seq_pooling_type`; several joined by "+").
+MODE_TYPES = {
+    "cls": "CLS",
+    "max": "MAX",
+    "mean": "MEAN",
+    "mean_sqrt_len_tokens": "MEAN_SQRT_LEN",
+    "weightedmean": "WEIGHTEDMEAN",
+    "lasttoken": "LAST",
+}
+SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
+_ACTIVATION_PREFIX = "torch.nn.modules."
+
+
+def read_json(path: Path) -> Any:
+    """A JSON object or list from `path`; invalid JSON is a ModelConfigError naming the file."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{path}: not valid JSON ({e}); restore the file from the model's source") from e
+    if not isinstance(data, (dict, list)):
+        raise ModelConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+def _rel(path: Path, folder: Path) -> str:
+    try:
+        return str(path.relative_to(folder))
+    except ValueError:
+        return str(path)
+
+
+@dataclass(frozen=True)
+class PoolingChoice:
+    """sentence-transformers Pooling modes (concatenated in order), prompt handling, and where they came from."""
+
+    modes: tuple[str, ...]
+    include_prompt: bool
+    source: str
+
+
+def read_pooling(path: Path, folder: Path) -> PoolingChoice:
+    """The modes and include_prompt of a Pooling module's config.json, as sentence-transformers 5/6 read it."""
+    cfg = read_json(path)
+    where = _rel(path, folder)
+    raw = cfg.get("pooling_mode")
+    if raw is not None:
+        modes = (raw,) if isinstance(raw, str) else tuple(raw) if isinstance(raw, list) else None
+        key = "pooling_mode"
+    else:
+        # sentence-transformers: the true legacy booleans in their fixed order; none true (or none) → mean.
+        modes = tuple(m for k, m in _LEGACY_MODE_KEYS.items() if cfg.get(k) is True) or ("mean",)
+        key = "pooling_mode_*"
+    if not modes or any(not isinstance(m, str) or m not in POOLING_MODES for m in modes):
+        found = json.dumps(raw) if raw is not None else str(list(modes or ()))
+        raise ConfigRefusedError(
+            f"{path}: {key} {found} is not a sentence-transformers pooling mode; modes are {', '.join(POOLING_MODES)}"
+        )
+    include = cfg.get("include_prompt", True)
+    if not isinstance(include, bool):
+        raise ConfigRefusedError(f"{path}: include_prompt must be true or false, not {include!r}")
+    return PoolingChoice(tuple(modes), include, f"{where}: {key}")
+
+
+def check_activation(name: object, path: Path, key: str) -> str:
+    """`name` if it is an importable `torch.nn.modules.*` module class, else a refusal naming file and key."""
+    if not isinstance(name, str) or not name.startswith(_ACTIVATION_PREFIX):
+        raise ConfigRefusedError(
+            f"{path}: {key} {name!r} is refused: only torch.nn.modules.* activation classes are loaded"
+        )
+    import importlib
+
+    from torch import nn
+
+    module_name, _, class_name = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name, None)
+    except ImportError:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ConfigRefusedError(f"{path}: {key} {name!r} is not a torch.nn module class")
+    return name
+
+
+@dataclass(frozen=True)
+class ClassifierActivation:
+    """The activation a sequence classifier's logits get: an import path under sentence-transformers' rules,
+    or None for vLLM's rule (problem_type, then config.json's activation_fn, then sigmoid / softmax)."""
+
+    path: str | None
+    source: str
+
+
+def read_classifier_activation(folder: Path, config: dict[str, Any], st_cfg: dict[str, Any], num_labels: int) -> ClassifierActivation:
+    """Which activation `CrossEncoder.predict` applies to this folder's logits, and where that is said."""
+    st_path = folder / ST_CONFIG
+    ce_block = config.get("sentence_transformers") or {}
+    if "activation_fn" in st_cfg:
+        return ClassifierActivation(check_activation(st_cfg["activation_fn"], st_path, "activation_fn"), f"{ST_CONFIG}: activation_fn")
+    for key, value in (
+        ("sentence_transformers.activation_fn", ce_block.get("activation_fn")),
+        ("sbert_ce_default_activation_function", config.get("sbert_ce_default_activation_function")),
+    ):
+        if value:
+            check_activation(value, folder / "config.json", key)
+            if st_cfg.get("model_type") == "CrossEncoder":
+                return ClassifierActivation(str(value), f"config.json: {key}")
+    if st_cfg.get("model_type") == "CrossEncoder":
+        # sentence-transformers' CrossEncoder default: Sigmoid for one label, Identity (raw logits) for more.
+        name = "torch.nn.modules.activation.Sigmoid" if num_labels == 1 else "torch.nn.modules.linear.Identity"
+        return ClassifierActivation(name, f"{ST_CONFIG}: model_type CrossEncoder default (num_labels={num_labels})")
+    if config.get("problem_type"):
+        return ClassifierActivation(None, "config.json: problem_type")
+    if ce_block.get("activation_fn"):
+        return ClassifierActivation(None, "config.json: sentence_transformers.activation_fn")
+    if config.get("sbert_ce_default_activation_function"):
+        return ClassifierActivation(None, "config.json: sbert_ce_default_activation_function")
+    return ClassifierActivation(None, "vLLM default (sigmoid for one label, softmax for more)")
+
+
+def read_similarity(folder: Path, st_cfg: dict[str, Any]) -> tuple[str, str]:
+    """The bi-encoder similarity (`model.similarity`) and its source; cosine when the file names none."""
+    name = st_cfg.get("similarity_fn_name")
+    if name is None:
+        return "cosine", "default (cosine)"
+    if name not in SIMILARITY_FUNCTIONS:
+        raise ConfigRefusedError(
+            f"{folder / ST_CONFIG}: similarity_fn_name {name!r} is not one of {', '.join(SIMILARITY_FUNCTIONS)}"
+        )
+    return str(name), f"{ST_CONFIG}: similarity_fn_name"
+
+
+def refuse_modular_cross_encoder(folder: Path, st_cfg: dict[str, Any], module_types: Sequence[str], head: str) -> None:
+    """A CrossEncoder built from modules (Transformer + Pooling + Dense) is refused: scored as a bi-encoder it
+    would give the cosine of its 1-d outputs, not `CrossEncoder.predict`'s scores. A causal LM with a LogitScore
+    module (head "lm_score") is read whole."""
+    if st_cfg.get("model_type") != "CrossEncoder" or head == "lm_score":
+        return
+    extra = [t.rpartition(".")[2] for t in module_types if t not in ST_TYPES["transformer"]]
+    if extra or head != "sequence_classification":
+        raise ConfigRefusedError(
+            f"{folder / ST_CONFIG}: model_type 'CrossEncoder' with modules [{', '.join(extra) or 'Transformer'}] "
+            "on a model without a sequence-classification head is not supported; embedcli scores CrossEncoders "
+            "saved as *ForSequenceClassification only"
+        )
+
+
+def prompt_token_count(tokenizer: Any, special_ids: Sequence[int], prompt: str) -> int:
+    """Tokens of `prompt` alone (special tokens included, a trailing special token not), as sentence-transformers
+    measures the prompt that `include_prompt=false` leaves out of pooling."""
+    if not prompt:
+        return 0
+    ids = tokenizer.encode(prompt).ids
+    if ids and ids[-1] in set(special_ids):
+        return len(ids) - 1
+    return len(ids)
+
+
+def _classifier_activation_name(info: dict[str, Any]) -> str:
+    path = info.get("ce_activation") or info.get("st_activation")
+    problem = info.get("problem_type")
+    if info.get("ce_activation") or (path and not problem):
+        return str(path).rpartition(".")[2]
+    rule = {"regression": "none", "multi_label_classification": "sigmoid per label"}
+    if problem in rule:
+        return rule[problem]
+    return "sigmoid" if info.get("num_labels") == 1 else "softmax"
+
+
+def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """`embedcli info` rows: pooling, prompt handling, activation, similarity, each with its source."""
+    if info.get("head") == "sparse":
+        return [
+            ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
+            ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+        ]
+    rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]
+    if info.get("head") == "lm_score":  # its activation is the score formula, shown on its own row
+        return rows
+    if info.get("head") == "base":
+        prompt = "included in pooling" if info["include_prompt"] else "excluded from pooling (include_prompt=false)"
+        rows.append(("prompt tokens", f"{prompt} ({info['pooling_source'].split(':')[0]})"))
+        rows.append(("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"))
+    else:
+        rows.append(("activation", f"{_classifier_activation_name(info)} ({info['activation_source']})"))
+    return rows

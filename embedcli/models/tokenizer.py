@@ -1,0 +1,110 @@
+"""A model's fast tokenizer read straight from tokenizer.json, and its special tokens, without transformers.
+
+transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json (and as a lazy
+fallback for attributes this light view does not have).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from tokenizers import Tokenizer
+
+SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _content(token: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(token, str):
+        return token
+    if isinstance(token, dict) and isinstance(token.get("content"), str):
+        return token["content"]
+    return None
+
+
+def _bert_normalizer(tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+    """Align a BertNormalizer with tokenizer_config.json, as transformers' BERT tokenizer does at load."""
+    normalizer = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    if normalizer.get("type") != "BertNormalizer":
+        return
+    wanted = {
+        "lowercase": config.get("do_lower_case", normalizer.get("lowercase")),
+        "strip_accents": config.get("strip_accents", normalizer.get("strip_accents")),
+        "handle_chinese_chars": config.get("tokenize_chinese_chars", normalizer.get("handle_chinese_chars")),
+    }
+    if all(normalizer.get(k) == v for k, v in wanted.items()):
+        return
+    from tokenizers.normalizers import BertNormalizer
+
+    tokenizer.normalizer = BertNormalizer(
+        clean_text=bool(normalizer.get("clean_text", True)),
+        handle_chinese_chars=bool(wanted["handle_chinese_chars"]),
+        strip_accents=wanted["strip_accents"],
+        lowercase=bool(wanted["lowercase"]),
+    )
+
+
+class SpecialTokens:
+    """The special tokens of a tokenizer.json + tokenizer_config.json pair, as transformers names them.
+
+    Gives `cls_token_id`, `sep_token_id`, ... and `all_special_ids`; calling it encodes one text like a
+    transformers tokenizer (`.input_ids`). Anything else falls back to transformers' tokenizer, loaded
+    on first use.
+    """
+
+    def __init__(self, folder: Path, tokenizer: Tokenizer) -> None:
+        self._folder = folder
+        self._encoder = Tokenizer.from_str(tokenizer.to_str())
+        self._hf: Any = None
+        config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
+        ids: list[int] = []
+        for name in SPECIAL_NAMES:
+            content = _content(config.get(f"{name}_token"))
+            token_id = tokenizer.token_to_id(content) if content is not None else None
+            setattr(self, f"{name}_token", content if token_id is not None else None)
+            setattr(self, f"{name}_token_id", token_id)
+            if token_id is not None and token_id not in ids:
+                ids.append(token_id)
+        extra = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
+        for token in extra if isinstance(extra, list) else []:
+            content = _content(token)
+            token_id = tokenizer.token_to_id(content) if content is not None else None
+            if token_id is not None and token_id not in ids:
+                ids.append(token_id)
+        self.all_special_ids = ids
+
+    def __call__(self, text: str, pair: str | None = None) -> SimpleNamespace:
+        """`text` (and `pair`) encoded with special tokens, untruncated: `.input_ids`, `.token_type_ids`."""
+        enc = self._encoder.encode(text, pair)
+        return SimpleNamespace(input_ids=enc.ids, token_type_ids=enc.type_ids, attention_mask=enc.attention_mask)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._hf is None:
+            from transformers import AutoTokenizer
+
+            self._hf = AutoTokenizer.from_pretrained(str(self._folder), local_files_only=True, trust_remote_code=False)
+        return getattr(self._hf, name)
+
+
+def load_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialTokens]:
+    """The packing tokenizer (no padding, no truncation) from `folder/tokenizer.json`, and its special tokens."""
+    folder = Path(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    _bert_normalizer(tokenizer, _read_json(folder / "tokenizer_config.json"))
+    # The runner packs without padding and truncates per call.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer, SpecialTokens(folder, tokenizer)

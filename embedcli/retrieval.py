@@ -1,0 +1,229 @@
+"""Exact top-k search over stored vectors, streamed in blocks: memory follows the block, not the corpus.
+
+Scores (higher is better), per stored precision, as sentence-transformers' `semantic_search` and its
+quantized-search recipe (`semantic_search_usearch` / `_faiss` with `quantize_embeddings`):
+
+- float32 / float16: cosine of the float32 vectors (`util.semantic_search`'s default `cos_sim`);
+- int8 / uint8: the dot product of the quantized query and the quantized corpus vectors (the query is
+  quantized with the corpus's stored ranges), as an exact inner-product index over int8 codes;
+- binary / ubinary: the number of agreeing bits over `dim` bits, i.e. `dim - hamming` (the recipe's Hamming
+  distance turned into a similarity).
+
+Rescoring (`rescore_multiplier` M > 0, quantized precisions only): the best `k * M` candidates by the
+quantized score are rescored with the float query: `query · dequantized(candidate)` for int8/uint8
+(`(code [+128]) * step + min`, the recipe's `_dequantize_embeddings`) and `query · bits(candidate)` (0/1,
+padding bits trimmed) for binary/ubinary, then the best `k` of those are kept.
+
+Ties are broken by corpus row (the earlier row first), so results do not depend on the block size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+FLOAT_PRECISIONS = ("float32", "float16")
+SCALAR_PRECISIONS = ("int8", "uint8")
+BINARY_PRECISIONS = ("binary", "ubinary")
+DEFAULT_BLOCK_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """How stored vectors are compared: their precision, float dimension and (int8/uint8) ranges."""
+
+    precision: str = "float32"
+    dim: int | None = None  # float dimension; binary vectors hold ceil(dim / 8) bytes
+    ranges: np.ndarray | None = None  # [2, dim] min row, max row (int8/uint8)
+
+    def __post_init__(self) -> None:
+        if self.precision not in FLOAT_PRECISIONS + SCALAR_PRECISIONS + BINARY_PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}")
+        if self.precision in SCALAR_PRECISIONS and self.ranges is None:
+            raise ValueError(f"{self.precision} vectors need their calibration ranges to be searched")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the stored vectors are int8/uint8/binary/ubinary codes."""
+        return self.precision not in FLOAT_PRECISIONS
+
+    def encode_queries(self, queries: np.ndarray) -> np.ndarray:
+        """Float queries in the stored precision (int8/uint8 with the stored ranges)."""
+        from embedcli.quantize import quantize
+
+        q = np.asarray(queries, dtype=np.float32)
+        if self.precision in FLOAT_PRECISIONS:
+            return q
+        return quantize(q, self.precision, self.ranges)
+
+    def scores(self, queries: np.ndarray, block: np.ndarray) -> np.ndarray:
+        """`[q, b]` float64 scores of encoded queries against a block of stored vectors."""
+        if self.precision in FLOAT_PRECISIONS:
+            return (_unit(queries) @ _unit(block).T).astype(np.float64)
+        if self.precision in SCALAR_PRECISIONS:
+            return _int_dot(queries, block)
+        bits = self.dim or block.shape[1] * 8
+        qb = _bits(queries, bits)
+        cb = _bits(block, bits)
+        # agreeing bits = bits - hamming, hamming = |q| + |c| - 2 q·c (exact: 0/1 sums below 2^24)
+        both = (qb @ cb.T).astype(np.float64)
+        return bits - qb.sum(axis=1, dtype=np.float64)[:, None] - cb.sum(axis=1, dtype=np.float64)[None, :] + 2 * both
+
+    def rescore(self, float_queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """`[q, m]` float scores of float queries against their own `[q, m, width]` stored candidates."""
+        q = np.asarray(float_queries, dtype=np.float64)
+        if self.precision in SCALAR_PRECISIONS:
+            r = np.asarray(self.ranges, dtype=np.float32)
+            steps = (r[1] - r[0]) / 255
+            steps = np.where(steps == 0, 1, steps)
+            codes = candidates.astype(np.float64) + (128 if self.precision == "int8" else 0)
+            vectors = codes * steps + r[0]
+        elif self.precision in BINARY_PRECISIONS:
+            vectors = _bits(candidates.reshape(-1, candidates.shape[-1]), q.shape[-1])
+            vectors = vectors.reshape(*candidates.shape[:2], -1).astype(np.float64)
+        else:
+            vectors = candidates.astype(np.float64)
+        return np.einsum("ij,ikj->ik", q, vectors)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(norms, np.float32(1e-12))
+
+
+def _int_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # float32 sums of integer products are exact below 2^24; past that (wide uint8 vectors) use float64.
+    peak = 128 * 128 if a.dtype == np.int8 else 255 * 255
+    dtype = np.float32 if peak * a.shape[-1] <= 2**24 else np.float64
+    return (a.astype(dtype) @ b.astype(dtype).T).astype(np.float64)
+
+
+def _bits(packed: np.ndarray, bits: int) -> np.ndarray:
+    """0/1 float32 bits of packed binary (int8 = byte - 128) or ubinary (uint8) rows, cut to `bits`."""
+    raw = packed.view(np.uint8) ^ np.uint8(0x80) if packed.dtype == np.int8 else packed.astype(np.uint8, copy=False)
+    return np.unpackbits(raw, axis=-1)[:, :bits].astype(np.float32)
+
+
+class TopK:
+    """The best `k` (score, row) pairs per query seen so far; ties go to the earlier row."""
+
+    def __init__(self, num_queries: int, k: int) -> None:
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        self.k = k
+        self.scores = np.zeros((num_queries, 0), dtype=np.float64)
+        self.rows = np.zeros((num_queries, 0), dtype=np.int64)
+        self.payload: np.ndarray | None = None  # per query, the stored vector of each kept row
+
+    def add(self, scores: np.ndarray, first_row: int, block: np.ndarray | None = None) -> None:
+        """Offer a block's `[q, b]` scores for rows `first_row ...`; `block` keeps the candidates' vectors."""
+        nq, b = scores.shape
+        rows = np.broadcast_to(np.arange(first_row, first_row + b, dtype=np.int64), (nq, b))
+        all_scores = np.concatenate([self.scores, scores], axis=1)
+        all_rows = np.concatenate([self.rows, rows], axis=1)
+        keep = best_positions(all_scores, all_rows, self.k)
+        take = np.arange(nq)[:, None]
+        if block is not None:
+            # Gather only the kept vectors: from the block, or from the candidates kept so far.
+            held = self.scores.shape[1]
+            fresh = block[np.clip(keep - held, 0, b - 1)]
+            if self.payload is None or held == 0:
+                self.payload = fresh
+            else:
+                kept = self.payload[take, np.clip(keep, 0, held - 1)]
+                self.payload = np.where((keep >= held)[..., None], fresh, kept)
+        self.scores, self.rows = all_scores[take, keep], all_rows[take, keep]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows), each `[q, min(k, rows seen)]`, best first."""
+        return self.scores, self.rows
+
+
+def best_positions(scores: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """Per query, positions of the `k` best scores, best first; equal scores in row order."""
+    nq, m = scores.shape
+    if m <= k:
+        return np.stack([np.lexsort((rows[i], -scores[i])) for i in range(nq)]) if nq else np.zeros((0, m), np.int64)
+    # Everything at or above the k-th best score (ties at the cut included), then an exact stable sort.
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+    out = np.empty((nq, k), dtype=np.int64)
+    for i in range(nq):
+        pool = np.flatnonzero(scores[i] >= kth[i])
+        out[i] = pool[np.lexsort((rows[i, pool], -scores[i, pool]))[:k]]
+    return out
+
+
+def search_blocks(
+    queries: np.ndarray,
+    blocks: Iterable[np.ndarray],
+    k: int,
+    space: SearchSpace | None = None,
+    rescore_multiplier: int = 0,
+    query_chunk: int = 1024,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-`k` of float `queries` `[q, dim]` over stored vectors given block by block.
+
+    Returns (scores, rows), `[q, min(k, n)]`, best first; rows count from 0 across blocks. Working memory
+    is about `query_chunk x block rows` scores (float64) plus one block of vectors.
+    """
+    space = space or SearchSpace()
+    queries = np.asarray(queries, dtype=np.float32)
+    encoded = space.encode_queries(queries)
+    rescoring = rescore_multiplier > 0 and space.quantized
+    chunks = [slice(i, min(i + query_chunk, len(queries))) for i in range(0, len(queries), query_chunk)]
+    tops = [TopK(c.stop - c.start, k * rescore_multiplier if rescoring else k) for c in chunks]
+    first = 0
+    for block in blocks:
+        if len(block):
+            for c, top in zip(chunks, tops, strict=True):
+                top.add(space.scores(encoded[c], block), first, block if rescoring else None)
+        first += len(block)
+    found = min(first, k)
+    scores = np.zeros((len(queries), found), dtype=np.float64)
+    rows = np.zeros((len(queries), found), dtype=np.int64)
+    for c, top in zip(chunks, tops, strict=True):
+        s, r = top.result()
+        if rescoring and top.payload is not None:
+            rescored = space.rescore(queries[c], top.payload)
+            keep = best_positions(rescored, r, k)
+            take = np.arange(len(r))[:, None]
+            s, r = rescored[take, keep], r[take, keep]
+        scores[c], rows[c] = s, r
+    return scores, rows
+
+
+def parquet_vector_blocks(path: str, block_rows: int = DEFAULT_BLOCK_ROWS, column: str = "embedding") -> Iterator[np.ndarray]:
+    """`[b, width]` blocks of a Parquet file's vector column, read a row group at a time."""
+    import pyarrow.parquet as pq
+
+    from embedcli.io.writers import embedding_matrix
+
+    # pre_buffer=False and use_threads=False: by default pyarrow fetches every row group's column chunk up
+    # front and decodes ahead, so memory grows with the file (measured on 100k x 384 float32 in 1,024-row
+    # row groups: peak +298 MiB by default; see benchmarks/bench_search.py for the figures without).
+    with pq.ParquetFile(path, pre_buffer=False) as pf:
+        for batch in pf.iter_batches(batch_size=block_rows, columns=[column], use_threads=False):
+            yield embedding_matrix(batch.column(0))
+
+
+def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int = DEFAULT_BLOCK_ROWS):  # type: ignore[no-untyped-def]
+    """A pyarrow table of `columns` for the given row numbers (in that order), read in one streamed pass."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wanted = np.unique(rows)
+    pieces = []
+    first = 0
+    with pq.ParquetFile(path, pre_buffer=False) as pf:
+        schema = pf.schema_arrow
+        for batch in pf.iter_batches(batch_size=block_rows, columns=columns, use_threads=False):
+            lo, hi = np.searchsorted(wanted, [first, first + batch.num_rows])
+            if hi > lo:
+                pieces.append(batch.take(pa.array(wanted[lo:hi] - first)))
+            first += batch.num_rows
+    fields = [schema.field(c) for c in columns]
+    table = pa.Table.from_batches(pieces, schema=pa.schema(fields)) if pieces else pa.schema(fields).empty_table()
+    return table.take(pa.array(np.searchsorted(wanted, rows), pa.int64()))

@@ -1,0 +1,83 @@
+"""The files a run writes besides `-o` (`--stats`, `--errors-file`), checked with `-o` before any work.
+
+Two rules: a path the run writes may never be (by name, symlink or hard link) an input or another path the
+run writes, so `embed corpus.parquet -o corpus.parquet` cannot replace the corpus with its vectors (exit 2);
+and each must be creatable, with a read-only file system said as such, not as "permission denied".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from glob import glob
+
+from embedcli.errors import STDIN, OutputError, UsageError
+from embedcli.io.commit import check_read_only
+
+GLOB_CHARS = re.compile(r"[*?\[]")  # as the readers expand them (`embedcli.io.readers.expand_paths`)
+
+
+def check_side_file(flag: str, path: str | None) -> None:
+    """OutputError unless the file of `flag` (`--stats`, `--errors-file`) can be created at `path`."""
+    if not path:
+        return
+    shown = f"{flag} {path}"
+    if os.path.isdir(path):
+        raise OutputError(shown, "is a directory", fix=f"name a file for {flag}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise OutputError(shown, f"directory {parent!r} does not exist", fix=f"create it first: mkdir -p {parent}")
+    check_read_only(path, shown)
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise OutputError(shown, "permission denied", fix=f"choose a {flag} path you can write to")
+
+
+def _inputs(patterns: Sequence[str]) -> list[str]:
+    """The existing files the input arguments name (globs expanded; a missing one is the reader's to report)."""
+    out: list[str] = []
+    for p in patterns:
+        if p == STDIN:
+            continue
+        if os.path.exists(p):
+            out.append(p)
+        elif GLOB_CHARS.search(p):
+            out.extend(m for m in glob(p, recursive=True) if not os.path.isdir(m))
+    return out
+
+
+def _same(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file: the same resolved name, or the same inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _inside(path: str, directory: str) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(directory)
+    return real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def check_no_clobber(
+    inputs: Sequence[str], output: str, *, output_is_dir: bool = False, writes: Sequence[tuple[str, str | None]] = ()
+) -> None:
+    """UsageError (exit 2) when `-o output` or a `(flag, path)` of `writes` is an input or another written path.
+
+    Compared by resolved name and by device and inode, so symlinks and hard links are caught; a directory
+    of shards may not hold an input either.
+    """
+    files = _inputs(inputs)
+    written = [("-o", output)] if output != STDIN else []
+    written += [(flag, path) for flag, path in writes if path and path != STDIN]
+    for i, (flag, path) in enumerate(written):
+        for src in files:
+            if _same(path, src) or (flag == "-o" and output_is_dir and _inside(src, path)):
+                raise UsageError(
+                    f"{flag} {path} is the input {src}: writing it would destroy the input; choose another {flag}"
+                )
+        for other_flag, other in written[:i]:
+            if _same(path, other) or (other_flag == "-o" and output_is_dir and _inside(path, other)):
+                raise UsageError(f"{flag} {path} is also {other_flag} {other}: give each its own path")

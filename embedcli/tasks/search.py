@@ -1,0 +1,218 @@
+"""`embedcli search`: embed queries the way a vectors file was made, then exact top-k over it, streamed.
+
+Everything that decides the query vectors comes from the vectors file's own provenance (`embedcli.model`,
+`embedcli.model_hash`, `embedcli.config`, `embedcli.quantization`): the model (refused when `-m` names a
+different one), its normalization, Matryoshka dimensions, max length, truncation, strip, dtype, and the
+stored precision with its int8/uint8 ranges. The query prompt is the model's `query` prompt where it has
+one (sentence-transformers' `encode_query`), else the prompt the corpus was embedded with.
+
+Not a `Job`: like `rerank`, the output is known only once the whole vectors file has been scanned, so there
+are no per-row results to stage, resume or shard; the output is written once, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.compute.runner import RunnerOptions
+from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
+from embedcli.io.manifest import output_metadata
+from embedcli.io.writers import check_output_path, open_writer, output_format
+from embedcli.models.spec import ModelSpec, load_model_spec
+from embedcli.quantize import output_width
+from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks, take_rows
+from embedcli.tasks.common import ModelChoice, OutputOptions, build
+from embedcli.tasks.pairs import read_queries
+
+KEY_SEARCH = "embedcli.search"
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """`search` choices."""
+
+    vectors: str
+    query: str | None = None
+    queries: str | None = None
+    query_col: str = "text"
+    query_id_col: str | None = None
+    top_k: int = 10
+    keep_cols: list[str] = field(default_factory=list)
+    rescore_multiplier: int = 0
+    block_rows: int = 8192
+
+
+@dataclass(frozen=True)
+class VectorsProvenance:
+    """What a vectors file says about how it was made."""
+
+    path: str
+    model: str
+    model_hash: str
+    config: dict[str, Any]
+    precision: str
+    ranges: np.ndarray | None
+    width: int
+    id_field: Any
+
+    @classmethod
+    def read(cls, path: str) -> VectorsProvenance:
+        """The provenance of an `embedcli embed` Parquet output; UsageError when it is not one."""
+        if os.path.isdir(path):
+            raise UsageError(f"{path}: search reads one Parquet file; join a shard directory first (embedcli merge)")
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such vectors file")
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError) as e:
+            raise UsageError(f"{path}: not a Parquet file ({e}); search reads the Parquet output of embedcli embed") from e
+        meta = output_metadata(path, "parquet") or {}
+        if "embedcli.config" not in meta or "embedcli.model" not in meta:
+            raise UsageError(f"{path}: no embedcli provenance (embedcli.model, embedcli.config); "
+                             "search reads vectors written by embedcli embed")
+        config = json.loads(meta["embedcli.config"])
+        if config.get("task") != "embed":
+            raise UsageError(f"{path}: made by the {config.get('task')!r} task, not embed; search needs embed vectors")
+        for col in ("id", "embedding"):
+            if col not in schema.names:
+                raise UsageError(f"{path}: no {col!r} column")
+        vec = schema.field("embedding").type
+        if not pa.types.is_fixed_size_list(vec):
+            raise UsageError(f"{path}: the embedding column is {vec}, not a fixed-size vector")
+        quant = json.loads(meta.get("embedcli.quantization") or "{}")
+        precision = str(quant.get("precision") or config.get("precision") or "float32")
+        ranges = np.asarray(quant["ranges"], dtype=np.float32) if "ranges" in quant else None
+        if precision in ("int8", "uint8") and ranges is None:
+            raise UsageError(f"{path}: {precision} vectors without stored ranges (embedcli.quantization) cannot be searched")
+        return cls(path, meta["embedcli.model"], meta.get("embedcli.model_hash", ""), config, precision, ranges,
+                   vec.list_size, schema.field("id"))
+
+
+def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> ModelSpec:
+    """The spec of the model that made the vectors; UsageError when `-m` (or the stored name) is another."""
+    name = choice.model or prov.model
+    try:
+        spec = load_model_spec(name, allow_pickle=choice.allow_pickle, trust_remote_code=choice.trust_remote_code)
+    except ModelNotFoundError as e:
+        if choice.model:
+            raise
+        raise UsageError(f"{prov.path} was made with {prov.model!r}, which does not resolve here ({e}); "
+                         "pass -m with that model's folder") from e
+    what = f"-m {choice.model}" if choice.model else f"the model {prov.model!r} found here"
+    if prov.model_hash and spec.content_hash != prov.model_hash:
+        raise UsageError(f"{what} is not the model that made {prov.path} ({prov.model!r}, content hash "
+                         f"{prov.model_hash}; this one is {spec.content_hash}): queries must be embedded by "
+                         "the same model as their corpus")
+    stored_config = prov.config.get("model_config_hash")
+    if stored_config and spec.config_hash() != stored_config:
+        # same weights, other pooling / projector / normalization: the vectors would not be comparable
+        raise UsageError(f"{what} is not the model that made {prov.path}: same weights but its pooling config "
+                         f"differs (config hash {spec.config_hash()}, the vectors' {stored_config})")
+    return spec
+
+
+def query_prompt(spec: ModelSpec, corpus_prompt: str) -> str:
+    """The model's `query` prompt where it has one (as `encode_query`), else the corpus's prompt."""
+    return dict(spec.prompts).get("query", corpus_prompt or "")
+
+
+def embed_queries(
+    prov: VectorsProvenance, spec: ModelSpec, choice: ModelChoice, texts: list[str]
+) -> tuple[np.ndarray, str]:
+    """Float32 query vectors made with the corpus's settings, and the prompt used."""
+    cfg = prov.config
+    dtype = choice.dtype if choice.dtype != "auto" else str(cfg.get("dtype") or "auto")
+    prompt = query_prompt(spec, str(cfg.get("prompt") or ""))
+    runner = build(
+        spec,
+        replace(choice, dtype=dtype, quantize=bool(cfg.get("quantize"))),
+        RunnerOptions(
+            task="embed",
+            max_length=cfg.get("max_length"),
+            long_inputs=cfg.get("long_inputs") or "truncate",
+            truncation_side=cfg.get("truncation_side") or "right",
+            strip=bool(cfg.get("strip", True)),
+            prompt=prompt,
+            normalize=cfg.get("normalize"),
+            dimensions=cfg.get("dimensions"),
+        ),
+    )
+    return runner.embed(texts).astype(np.float32, copy=False), prompt
+
+
+def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) -> int:
+    """`embedcli search`: rows `query_id, rank, id, score` (+ kept columns), best first per query."""
+    started = time.perf_counter()
+    if opts.top_k < 1:
+        raise UsageError(f"--top-k {opts.top_k}: must be 1 or more")
+    if opts.rescore_multiplier < 0:
+        raise UsageError(f"--rescore {opts.rescore_multiplier}: must be 0 (off) or more")
+    if opts.block_rows < 1:
+        raise UsageError(f"--block-rows {opts.block_rows}: must be 1 or more")
+    if output_format(output.path, output.fmt) == "npy":
+        raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
+    check_output_path(output.path)
+    prov = VectorsProvenance.read(opts.vectors)
+    names = pq.read_schema(prov.path).names
+    missing = [c for c in opts.keep_cols if c not in names]
+    if missing:
+        raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
+    queries = read_queries(opts, "search")
+    spec = _model_spec(prov, choice)
+    vectors, prompt = embed_queries(prov, spec, choice, [t for _, t in queries])
+    dim = vectors.shape[1]
+    if output_width(prov.precision, dim) != prov.width:
+        raise UsageError(f"{prov.path}: stored vectors are {prov.width} wide, the model's {prov.precision} "
+                         f"queries are {output_width(prov.precision, dim)}")
+    space = SearchSpace(prov.precision, dim, prov.ranges)
+    scores, rows = search_blocks(vectors, parquet_vector_blocks(prov.path, opts.block_rows), opts.top_k, space,
+                                 rescore_multiplier=opts.rescore_multiplier)
+    nq, found = rows.shape
+    flat = rows.reshape(-1)
+    hits = take_rows(prov.path, flat, ["id", *opts.keep_cols], opts.block_rows)
+    columns: dict[str, Any] = {
+        "query_id": pa.array(np.repeat(np.asarray([q for q, _ in queries], dtype=object), found), pa.string()),
+        "rank": pa.array(np.tile(np.arange(1, found + 1, dtype=np.int32), nq), pa.int32()),
+        "id": hits.column("id"),
+        "score": pa.array(scores.reshape(-1).astype(np.float32), pa.float32()),
+    }
+    for c in opts.keep_cols:
+        columns[c] = hits.column(c)
+    table = pa.table(columns)
+    meta = {
+        "embedcli.model": prov.model,
+        "embedcli.model_hash": prov.model_hash,
+        KEY_SEARCH: json.dumps({
+            "vectors": os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
+            "rescore_multiplier": opts.rescore_multiplier, "query_prompt": prompt,
+            "score": _score_name(prov.precision, opts.rescore_multiplier),
+        }),
+    }
+    writer = open_writer(output.path, table.schema, meta, fmt=output.fmt)
+    try:
+        writer.write(table)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    if not output.quiet:
+        print(f"embedcli: done: {nq} queries x {prov.path}: top {found} each, "
+              f"{time.perf_counter() - started:.1f} s -> {output.path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _score_name(precision: str, rescore: int) -> str:
+    if precision in ("float32", "float16"):
+        return "cosine"
+    if rescore:
+        return "float query . dequantized vector" if precision in ("int8", "uint8") else "float query . bits"
+    return "dot product of codes" if precision in ("int8", "uint8") else "agreeing bits (dim - hamming)"

@@ -1,0 +1,99 @@
+"""Rows that cannot vanish or crash (issue 13, items 3, 7, 8): a runaway CSV quote, a JSONL file whose ids
+start late, lone surrogates and deep nesting are bad rows with their line, skipped by `--on-error skip`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+
+def _skip_run(cli, model: Path, src: Path, tmp_path: Path) -> tuple[list[str], list[dict]]:  # type: ignore[no-untyped-def]
+    out, errors = tmp_path / "out.parquet", tmp_path / "errors.jsonl"
+    r = cli("embed", src, "-m", model, "-o", out, "-q", "--on-error", "skip", "--errors-file", errors, code=3)
+    assert "Traceback" not in r.stderr
+    bad = [json.loads(line) for line in errors.read_text(encoding="utf-8").splitlines()]
+    return pq.read_table(out).column("id").to_pylist(), bad
+
+
+# -- item 3: CSV quotes ------------------------------------------------------------------------------
+
+
+def _csv(tmp_path: Path, n: int, broken: dict[int, str]) -> Path:
+    rows = ["id,text"] + [f"r{i},plain text {i}" for i in range(n)]
+    for i, line in broken.items():
+        rows[i + 1] = line
+    path = tmp_path / "corpus.csv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {1: 'r1,"an unterminated quote'},  # runs to the end of the file
+        {1: 'r1,"an unterminated quote', 600: 'r600,"a stray" quote'},  # closed by a quote far below
+    ],
+    ids=["to-eof", "closed-later"],
+)
+def test_csv_runaway_quote_is_one_bad_row_not_a_merge(cli, st_model: Path, tmp_path: Path, broken: dict) -> None:
+    ids, bad = _skip_run(cli, st_model, _csv(tmp_path, 1000, broken), tmp_path)
+    assert len(ids) == 999 and "r1" not in ids and ids[:2] == ["r0", "r2"]
+    assert [(e["location"], "quoted field" in e["reason"]) for e in bad] == [("line 3", True)]
+
+
+def test_csv_multiline_quoted_fields_still_read(cli, st_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "ok.csv"
+    src.write_text('id,text\na,"two\nlines, one comma"\nb,plain\nc,"at the\nend"\n', encoding="utf-8")
+    out = tmp_path / "out.parquet"
+    cli("embed", src, "-m", st_model, "-o", out, "-q")
+    assert pq.read_table(out).column("id").to_pylist() == ["a", "b", "c"]
+
+
+# -- item 7: JSONL ids decided per file ------------------------------------------------------------
+
+
+def test_jsonl_ids_decided_from_the_whole_file(cli, st_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "corpus.jsonl"
+    lines = [{"text": "no id here"}] + [{"id": f"real{i}", "text": f"text {i}"} for i in range(5)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    ids, bad = _skip_run(cli, st_model, src, tmp_path)
+    assert ids == [f"real{i}" for i in range(5)]
+    assert [(e["location"], e["reason"]) for e in bad] == [("line 1", "no id field 'id'")]
+
+
+# -- item 8: lone surrogates and deep nesting ---------------------------------------------------------
+
+
+def test_lone_surrogates_and_deep_nesting_are_bad_rows(cli, st_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "corpus.jsonl"
+    lines = [
+        '{"id": "a", "text": "fine"}',
+        '{"id": "b", "text": "half an emoji \\ud83d here"}',
+        '{"id": "c\\udc00", "text": "bad id"}',
+        '{"id": "d", "text": "a real pair \\ud83d\\ude00 is fine"}',
+        '{"id": "e", "text": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"id": "f", "text": "last"}',
+    ]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ids, bad = _skip_run(cli, st_model, src, tmp_path)
+    assert ids == ["a", "d", "f"]
+    assert [e["location"] for e in bad] == ["line 2", "line 3", "line 5"]
+    assert "surrogate" in bad[0]["reason"] and "nested too deeply" in bad[2]["reason"]
+
+
+# -- item 11: an absolute size limit ------------------------------------------------------------------
+
+
+def test_text_past_the_absolute_size_limit_is_a_bad_row(cli, st_model: Path, tmp_path: Path) -> None:
+    from embedcli.io.reader_base import MAX_TEXT_CHARS
+
+    src = tmp_path / "corpus.jsonl"
+    with src.open("w", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "ok", "text": "fine"}) + "\n")
+        f.write('{"id": "huge", "text": "' + "x" * (MAX_TEXT_CHARS + 1) + '"}\n')
+    ids, bad = _skip_run(cli, st_model, src, tmp_path)
+    assert ids == ["ok"]
+    assert [(e["location"], e["id"]) for e in bad] == [("line 2", "huge")] and "past the" in bad[0]["reason"]

@@ -1,0 +1,76 @@
+"""Truncation cuts huge texts by characters before tokenizing (issue 13, item 11): the kept tokens are exactly
+those of the whole text, and a 16 MB text no longer costs gigabytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
+
+WORDS = "the quick brown fox jumps over a lazy dog naïve café 東京 emoji 😀 punctuation, ok! x".split()
+
+
+def _texts(bound: int) -> list[str]:
+    rng = random.Random(0)
+    words = " ".join(rng.choice(WORDS) for _ in range(bound))  # far past the bound
+    return [
+        words,
+        "short text",
+        "a" * (3 * bound),  # one giant word: no boundary, tokenized whole
+        "word " * 10 + " " * (3 * bound) + "tail",  # a whitespace run: the cut text fits, tokenized whole
+        words[: bound - 1] + "supercalifragilistic" * 50,  # a long word straddling the cut
+        ("the", words),  # a pair is never cut
+    ]
+
+
+@pytest.mark.parametrize("model", ["bert-st", "qwen2", "xlm-roberta"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_cut_texts_keep_exactly_the_tokens_of_whole_texts(
+    tiny_model: Callable[[str], Path], model: str, side: str
+) -> None:
+    tok = Tokenizer.from_file(str(tiny_model(model) / "tokenizer.json"))
+    max_length = 16
+    tok.enable_truncation(max_length, strategy="longest_first", direction=side)
+    bound = clip_bound(tok, max_length)
+    texts = _texts(bound)
+    whole = tok.encode_batch(texts)
+    clipped, cut = clip_texts(texts, bound, side)
+    assert cut == [0, 2, 3, 4] and all(len(clipped[i]) == bound for i in cut)
+    got = tok.encode_batch(clipped)
+    redo = unsafe_cuts(clipped, got, cut, side)
+    assert 2 in redo and 3 in redo and 0 not in redo
+    for i in redo:
+        got[i] = tok.encode(texts[i])
+    assert [e.ids for e in got] == [e.ids for e in whole]
+    assert [bool(e.overflowing) for e in got] == [bool(e.overflowing) for e in whole]
+
+
+def _peak_rss_mb(model: Path, corpus: Path, out: Path) -> float:
+    code = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True);"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    argv = [sys.executable, "-c", code, sys.executable, "-m", "embedcli", "embed", str(corpus), "-m", str(model),
+            "-o", str(out), "-q"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBEDCLI_DTYPE": "float32", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=True)
+    return int(r.stdout.split()[-1]) / 1024
+
+
+def test_huge_text_costs_no_more_memory_than_a_short_one(st_model: Path, tmp_path: Path) -> None:
+    small, huge = tmp_path / "small.jsonl", tmp_path / "huge.jsonl"
+    small.write_text(json.dumps({"id": "a", "text": "a short text"}) + "\n")
+    words = ("lorem ipsum dolor sit amet " * ((16 << 20) // 27 + 1))[: 16 << 20]
+    huge.write_text(json.dumps({"id": "a", "text": words}) + "\n")
+    base = _peak_rss_mb(st_model, small, tmp_path / "s.parquet")
+    peak = _peak_rss_mb(st_model, huge, tmp_path / "h.parquet")
+    assert peak - base < 400, f"a 16 MB text took {peak - base:.0f} MB more than a short one"
