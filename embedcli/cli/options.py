@@ -188,9 +188,9 @@ OPT_EMBED_PRECISION = typer.Option(
 )
 OPT_EMBED_CALIBRATION = typer.Option(
     None, "--calibration", envvar=env("calibration"), rich_help_panel=OUTPUT,
-    help="int8/uint8 ranges from this file instead of the whole output: float vectors (.npy, or the "
-    "embedding column of a .parquet/.jsonl) give their per-dim min/max; an earlier int8/uint8 embedcli "
-    "output gives the ranges stored in it (quantize queries like their corpus).",
+    help="int8/uint8 ranges from this file, not the whole output: the per-dim min/max of float vectors "
+    "(.npy, or a .parquet/.jsonl embedding column), or the ranges stored in an earlier int8/uint8 output "
+    "(quantize queries like their corpus).",
 )
 OPT_EMBED_QUANTIZE = typer.Option(
     False, "--quantize", envvar=env("quantize"), rich_help_panel=MODEL,
