@@ -354,8 +354,12 @@ class Runner:
                 first_row += len(texts)
                 yield enc
 
-        for enc in prefetch(tokenized(), depth=2):
-            yield self.run_encoded(enc)
+        encoded = prefetch(tokenized(), depth=2)
+        try:
+            for enc in encoded:
+                yield self.run_encoded(enc)
+        finally:
+            encoded.close()  # a stop mid-batch: the tokenize thread is joined before the process exits
 
     def embed(self, texts: Sequence[TextInput], batch_rows: int = 4096) -> np.ndarray:
         """All results of `texts` at once (sequence tasks)."""
@@ -368,6 +372,7 @@ class Runner:
 
 
 _DONE = object()
+_JOIN_SECONDS = 2.0
 
 
 def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
@@ -402,6 +407,10 @@ def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
             yield item
     finally:
         stop.set()
+        # A daemon thread still inside a tokenizer or Arrow call when the interpreter exits (a stop, an error)
+        # is torn down mid-call and aborts the process (exit -6, not 130): let it finish the item in hand.
+        # Bounded: a thread waiting on a quiet pipe is in a plain read, which exit ends safely.
+        thread.join(timeout=_JOIN_SECONDS)
 
 
 @dataclass
