@@ -272,6 +272,23 @@ def test_prefetch_preserves_order_and_errors() -> None:
         next(out)
 
 
+def test_prefetch_joins_its_thread_when_closed_mid_item() -> None:
+    import threading
+    import time
+
+    def slow():  # type: ignore[no-untyped-def]
+        for i in range(10):
+            time.sleep(0.3)  # a tokenizer call in progress when the consumer stops
+            yield i
+
+    before = set(threading.enumerate())
+    out = prefetch(slow(), depth=1)
+    assert next(out) == 0
+    out.close()
+    # A daemon thread left inside a native call when the interpreter exits aborts the process (exit -6).
+    assert [t for t in threading.enumerate() if t not in before and t.name == "embedcli-tokenize"] == []
+
+
 def test_stats(tiny_loaded) -> None:
     loaded = tiny_loaded("bert-st")
     runner = Runner(loaded, RunnerOptions(max_batch_tokens=32))

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import typer
 
+from embedcli.cli.help import PlainHelpGroup
 from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EmbedcliError
 from embedcli.version import __version__
 
@@ -16,6 +17,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    cls=PlainHelpGroup,
 )
 
 

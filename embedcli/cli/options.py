@@ -178,27 +178,19 @@ OPT_EMBED_PROMPT_NAME = typer.Option(
 )
 OPT_EMBED_LONG_INPUTS = typer.Option(
     "truncate", "--long-inputs", envvar=env("long-inputs"), rich_help_panel=BATCHING,
-    help="Inputs over the max length. truncate: cut to --max-length (count on stderr and in --stats). "
-    "error: exit 1 naming the row (file, line, id) and its token count. chunk: split the token ids into "
-    "consecutive max-length slices (no overlap; the first keeps CLS, the last SEP), pool each slice "
-    "without normalizing, take the token-count-weighted mean, then L2-normalize the mean once (when "
-    "normalizing): the result IS re-normalized (unit length). vLLM averages already-normalized chunks and "
-    "does not re-normalize; with --no-normalize the two agree.",
+    help="Inputs over the max length. truncate: cut to --max-length (counted in --stats); error: exit 1 "
+    "naming the row; chunk: pool max-length slices, token-weighted mean, re-normalized (README: Long inputs).",
 )
 OPT_EMBED_PRECISION = typer.Option(
     "float32", "--precision", envvar=env("precision"), rich_help_panel=OUTPUT,
-    help="Vector type, as sentence-transformers' quantize_embeddings. float16: a cast. int8/uint8: per "
-    "dim, q = clip(floor((x - min) / ((max - min) / 255)), 0, 255), int8 = q - 128; min/max come from "
-    "--calibration, else from the whole output (as one sentence-transformers encode call): the float32 "
-    "vectors are spooled to a temporary file beside the output and quantized in a second pass (no second "
-    "forward); the ranges are stored in the output metadata. binary/ubinary: bit = x > 0, 8 dims per "
-    "byte, most significant bit first, per row (zero-padded); ubinary = the byte, binary = byte - 128.",
+    help="Vector type, as sentence-transformers' quantize_embeddings: float16 a cast; int8/uint8 per-dim "
+    "ranges (--calibration, else the whole output); binary/ubinary 8 dims per byte (README: Precision).",
 )
 OPT_EMBED_CALIBRATION = typer.Option(
     None, "--calibration", envvar=env("calibration"), rich_help_panel=OUTPUT,
-    help="int8/uint8 ranges from this file instead of the whole output: float vectors (.npy, or the "
-    "embedding column of a .parquet/.jsonl) give their per-dim min/max; an earlier int8/uint8 embedcli "
-    "output gives the ranges stored in it (quantize queries like their corpus).",
+    help="int8/uint8 ranges from this file, not the whole output: the per-dim min/max of float vectors "
+    "(.npy, or a .parquet/.jsonl embedding column), or the ranges stored in an earlier int8/uint8 output "
+    "(quantize queries like their corpus).",
 )
 OPT_EMBED_QUANTIZE = typer.Option(
     False, "--quantize", envvar=env("quantize"), rich_help_panel=MODEL,

@@ -35,7 +35,8 @@ def _options(on_error: str | None = None) -> list[tuple[str, Any, Any]]:
         ("incremental", bool, typer.Option(
             False, "--incremental", envvar=_env("incremental"), rich_help_panel=RESUME,
             help="Compute only rows whose id is new or whose text changed since the previous output "
-            "(the -o path itself, or --previous); carry the rest over.",
+            "(the -o path itself, or --previous); carry the rest over. Every Parquet output gets its row keys in "
+            "OUT.embedcli-index.parquet, so a first run without this flag can be carried over by the next.",
         )),
         ("previous", str | None, typer.Option(
             None, "--previous", envvar=_env("previous"), rich_help_panel=RESUME,

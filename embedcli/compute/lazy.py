@@ -14,11 +14,12 @@ class LazyEngine:
     Before that it reports no work done: a rerun that finds its output complete never builds it.
     """
 
-    def __init__(self, build: Callable[[], Any], max_length: int) -> None:
+    def __init__(self, build: Callable[[], Any], max_length: int, max_batch_tokens: int) -> None:
         self._build = build
         self._engine: Any = None
         self._idle_stats = RunStats()
         self._max_length = max_length
+        self._max_batch_tokens = max_batch_tokens
 
     @property
     def stats(self) -> Any:
@@ -29,6 +30,11 @@ class LazyEngine:
     def max_length(self) -> int:
         """The engine's token limit per sequence."""
         return self._engine.max_length if self._engine is not None else self._max_length
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """The token budget of one forward: it also sizes the run loop's batches, so it is known unbuilt."""
+        return self._engine.max_batch_tokens if self._engine is not None else self._max_batch_tokens
 
     def start(self) -> None:
         """Build the engine (the model loads), once; the run loop calls it when the output needs work."""

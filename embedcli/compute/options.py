@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from embedcli.errors import UsageError
 
+# The token budget of one packed forward when `--max-batch-tokens` is not given, by device type.
+DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 65536}
+
 LongInputs = Literal["truncate", "error", "chunk"]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedcli.compute.options import RunnerOptions, RunStats
+from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS, RunnerOptions, RunStats
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
@@ -27,7 +27,6 @@ TextInput = str | tuple[str, str]
 # Token budget of one packed forward by device: on CPU a few thousand tokens keep the working set
 # in cache (16k is 15-20% slower); a GPU wants larger forwards to fill its cores (on an H200,
 # all-MiniLM-L6-v2 in bf16 ran 2.5x faster at 64k tokens than at 16k).
-DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 65536}
 
 
 @dataclass
@@ -314,8 +313,12 @@ class Runner:
                 first_row += len(texts)
                 yield enc
 
-        for enc in prefetch(tokenized(), depth=2):
-            yield self.run_encoded(enc)
+        encoded = prefetch(tokenized(), depth=2)
+        try:
+            for enc in encoded:
+                yield self.run_encoded(enc)
+        finally:
+            encoded.close()  # a stop mid-batch: the tokenize thread is joined before the process exits
 
     def embed(self, texts: Sequence[TextInput], batch_rows: int = 4096) -> np.ndarray:
         """All results of `texts` at once (sequence tasks)."""
@@ -328,6 +331,7 @@ class Runner:
 
 
 _DONE = object()
+_JOIN_SECONDS = 2.0
 
 
 def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
@@ -362,6 +366,10 @@ def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
             yield item
     finally:
         stop.set()
+        # A daemon thread still inside a tokenizer or Arrow call when the interpreter exits (a stop, an error)
+        # is torn down mid-call and aborts the process (exit -6, not 130): let it finish the item in hand.
+        # Bounded: a thread waiting on a quiet pipe is in a plain read, which exit ends safely.
+        thread.join(timeout=_JOIN_SECONDS)
 
 
 @dataclass

@@ -62,7 +62,8 @@ def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool) -> d
                 f"malformed JSON: {msg}",
                 location=loc,
                 record_id=_id_hint(line, spec.id_col),
-                fix="each line must be one complete JSON object",
+                fix="each line must be one complete JSON object"
+                + ("; for plain text, one text per line, pass --format txt" if first else ""),
             )
         )
         return None
@@ -124,7 +125,11 @@ def read_jsonl(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
     id_key: str | None = None  # decided per file: spec.id_col when any record has it, else default ids
     first = True
     with open_binary(path) as f:
-        for lineno, raw in numbered_lines(f, path):
+        for lineno, raw in numbered_lines(f, path, idle=True):
+            if raw is None:
+                if len(b):
+                    yield b.take()  # the writer paused: stream what arrived (stdin runs never resume)
+                continue
             if not raw.strip():
                 continue
             rec = _parse(path, lineno, raw, spec, first)

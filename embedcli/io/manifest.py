@@ -32,6 +32,7 @@ from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_pare
 from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
 from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
 from embedcli.io.errors import OutputError
+from embedcli.io.fingerprint import fingerprint_identity
 from embedcli.io.formats import output_format
 
 MANIFEST_FORMAT = "embedcli-manifest"
@@ -126,7 +127,7 @@ def job_key(cfg_key: str, fingerprints: list[dict[str, Any]] | None) -> str | No
     """Config plus the exact inputs (None when an input, e.g. stdin, cannot be fingerprinted)."""
     if fingerprints is None:
         return None
-    return _sha({"config_key": cfg_key, "inputs": fingerprints})
+    return _sha({"config_key": cfg_key, "inputs": [fingerprint_identity(fp) for fp in fingerprints]})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import os
+import select
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -77,6 +79,7 @@ class ReadSpec:
     extra_text_cols: tuple[str, ...]
     batch_rows: int
     on_bad_row: BadRowHandler | None
+    batch_chars: int | None = None  # a batch also ends at the row whose text brings it to this many characters
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
     id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
 
@@ -112,6 +115,7 @@ class BatchBuilder:
         self.texts: list[str | None] = []
         self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
         self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
+        self.chars = 0  # text characters held (only counted under a `batch_chars` cap)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -142,6 +146,8 @@ class BatchBuilder:
         if self.infer_types:
             self.raw_ids.append(rid if raw_id is None else raw_id)
         self.texts.append(text)
+        if self.spec.batch_chars is not None and text is not None:
+            self.chars += len(text)
         for col, value in zip(self.spec.keep_cols, kept, strict=True):
             self.columns[col].append(value)
         for col, value in zip(self.spec.extra_text_cols, extra, strict=True):
@@ -164,17 +170,35 @@ class BatchBuilder:
         self.locations += locations
         self.ids += ids
         self.texts += texts
+        if self.spec.batch_chars is not None:
+            self.chars += sum(len(t) for t in texts if t is not None)
         for col in self.spec.keep_cols:
             self.columns[col] += kept[col]
         for col in self.spec.extra_text_cols:
             self.extra[col] += extra[col]
 
     def full(self) -> bool:
-        return len(self.ids) >= self.spec.batch_rows
+        cap = self.spec.batch_chars
+        return len(self.ids) >= self.spec.batch_rows or (cap is not None and self.chars >= cap)
+
+    def _cut(self) -> int:
+        """Rows of the next full batch: `batch_rows`, or fewer where the texts reach `batch_chars`."""
+        n = min(len(self.ids), self.spec.batch_rows)
+        cap = self.spec.batch_chars
+        if cap is None:
+            return n
+        used = 0
+        for i in range(n):
+            used += len(self.texts[i] or "")
+            if used >= cap:
+                return i + 1
+        return n
 
     def take(self, n: int | None = None) -> InputBatch:
         """Remove and return the first `n` records (all when None) as a batch."""
         n = len(self.ids) if n is None else n
+        if self.spec.batch_chars is not None:
+            self.chars -= sum(len(t) for t in self.texts[:n] if t is not None)
         batch = InputBatch(
             source=self.source,
             locations=self.locations[:n],
@@ -256,8 +280,9 @@ class BatchBuilder:
         return known if ref is None or pa.types.is_null(ref) else ref
 
     def drain_full(self) -> Iterator[InputBatch]:
-        while len(self.ids) >= self.spec.batch_rows:
-            yield self.take(self.spec.batch_rows)
+        while self.ids and (len(self.ids) >= self.spec.batch_rows or self._cut() < len(self.ids)):
+            yield self.take(self._cut())
+
 
 # --------------------------------------------------------------------------------------------------
 # Byte-level helpers
@@ -276,11 +301,41 @@ def open_binary(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         raise InputError(path, f"cannot open: {e.strerror or e}") from None
 
 
-def numbered_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
-    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed."""
+def pipe_lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """Lines of a pipe as they arrive, and None each time the writer has nothing more for now."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield from f  # not a real descriptor (an in-memory stream): it never waits
+        return
+    # Reads go to the descriptor under `f` (nothing has been read through `f` itself yet): a buffered
+    # read would wait for a full buffer, not for the next line.
+    pending = b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            yield line + b"\n"
+        if not select.select([fd], [], [], 0)[0]:
+            yield None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        pending += chunk
+    if pending:
+        yield pending
+
+
+def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed.
+
+    With `idle` (stdin), (line number, None) marks a pause of the writer: the caller hands on what it holds.
+    """
     lineno = 0
     try:
-        for raw in f:
+        for raw in pipe_lines(f) if idle and path == STDIN else f:
+            if raw is None:
+                yield lineno, None
+                continue
             lineno += 1
             if lineno == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]

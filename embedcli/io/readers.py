@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from glob import glob
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from embedcli.errors import UsageError
 from embedcli.io.delimited_reader import read_delimited
 from embedcli.io.errors import STDIN, InputError, printable
-from embedcli.io.fingerprint import input_fingerprint, input_fingerprints, rereadable
+from embedcli.io.fingerprint import (
+    describe_input_change,
+    fingerprint_identity,
+    input_fingerprint,
+    input_fingerprints,
+    rereadable,
+)
 from embedcli.io.jsonl_reader import read_jsonl
 from embedcli.io.parquet_reader import read_parquet
 from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec
@@ -20,8 +30,11 @@ from embedcli.io.text_reader import read_txt
 __all__ = [
     "FORMATS",
     "InputBatch",
+    "count_records",
+    "describe_input_change",
     "detect_format",
     "expand_paths",
+    "fingerprint_identity",
     "input_fingerprint",
     "input_fingerprints",
     "normalize_format",
@@ -128,6 +141,7 @@ def read_inputs(
     fmt: str | None = None,
     batch_rows: int = 1024,
     on_bad_row: BadRowHandler | None = None,
+    batch_chars: int | None = None,
 ) -> Iterator[InputBatch]:
     """Stream records from files, globs or `-` (stdin) as InputBatch objects, in input order.
 
@@ -136,7 +150,8 @@ def read_inputs(
     reading); column checks happen as each file is opened. Row-level problems (bad UTF-8, malformed
     JSON, a non-object line, a null/empty/badly typed id or text type, a CSV row with the wrong
     number of fields) raise InputError, or, when `on_bad_row` is given, are passed to it and the row
-    is skipped. Null text is never an error here: it comes through as None.
+    is skipped. Null text is never an error here: it comes through as None. With `batch_chars` a batch
+    also ends at the row whose text brings it to that many characters (the cut depends on the data only).
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
@@ -148,6 +163,7 @@ def read_inputs(
         extra_text_cols=tuple(extra_text_cols),
         batch_rows=batch_rows,
         on_bad_row=on_bad_row,
+        batch_chars=batch_chars,
     )
     if fmt is not None:
         fmt = normalize_format(fmt)
@@ -177,3 +193,31 @@ def _iter_files(plan: list[tuple[str, str]], spec: ReadSpec, prefixes: dict[str,
         else:
             yield from read_txt(path, spec, prefixes[path])
 
+
+
+# --------------------------------------------------------------------------------------------------
+# Record counts (for a progress total)
+
+
+def count_records(path: str, fmt: str | None = None) -> int | None:
+    """Records in `path` for a progress total: Parquet metadata, or newlines of a regular uncompressed
+    text file (a CSV/TSV header is not counted; blank lines and quoted newlines make it an estimate).
+    None for stdin, pipes and compressed files, which cannot be read twice or cheaply."""
+    if not rereadable(path):
+        return None  # stdin, a pipe or a FIFO: never opened here (that would consume it)
+    fmt = detect_format(path, fmt)
+    try:
+        if fmt == "parquet":
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        if path.lower().endswith(".gz") or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        lines = 0
+        last = b"\n"
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, pa.ArrowException):
+        return None
+    lines += last != b"\n"
+    return max(0, lines - 1) if fmt in ("csv", "tsv") else lines

@@ -44,6 +44,8 @@ KEY_WIDTH = 16
 KEY_TYPE = pa.binary(KEY_WIDTH)
 FINAL_ROW_GROUP_ROWS = 8192
 """Row-group size of an assembled Parquet output, whatever the shard sizes were (so bytes match)."""
+INDEX_ROW_GROUP_ROWS = 1 << 16
+"""Row-group size of the index sidecar (16-byte keys), whatever the shard sizes were (so bytes match)."""
 
 
 def shard_name(number: int) -> str:
@@ -367,8 +369,10 @@ def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: s
     try:
         schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
         with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False) as writer:
-            for f in files:
-                writer.write_table(pq.read_table(arrow_source(f)).replace_schema_metadata(None).cast(schema))
+            # Fixed row groups, not one per shard: where commits landed (a stop, --commit-every) must not
+            # show in the bytes, so a resumed run's sidecar is the uninterrupted run's.
+            for table in _rechunked(files, schema, INDEX_ROW_GROUP_ROWS):
+                writer.write_table(table.cast(schema))
         close_synced(file)
     except BaseException:
         file.close()

@@ -20,7 +20,11 @@ def read_txt(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
     b = BatchBuilder(path, spec)
     spec.fix_id_type(path, pa.string(), "plain-text ids are file:line")
     with open_binary(path) as f:
-        for lineno, raw in numbered_lines(f, path):
+        for lineno, raw in numbered_lines(f, path, idle=True):
+            if raw is None:
+                if len(b):
+                    yield b.take()
+                continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

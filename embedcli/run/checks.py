@@ -109,15 +109,16 @@ def read_work(
     errors_before: int,
     split: Callable[[Work], None],
     seconds: dict[str, float],
+    batch_chars: int | None = None,
 ) -> Iterator[Work]:
     """Read, check and `split` batches into work items, `skip` records first (runs in the engine's prefetch
-    thread); read time is added to `seconds["read"]`."""
+    thread); read time is added to `seconds["read"]`; `batch_chars` caps a batch's text (see `read_inputs`)."""
     checks = RowChecks(flags, errors_before)
     pending: list[InputError] = []  # filled by the reader under --on-error skip
     if isinstance(batches, BatchSource):
         batch_rows = min(batches.inputs.batch_rows, flags.shard_rows)
         on_bad = pending.append if checks.skip_mode else None
-        reader = batches.open(paths, batch_rows=batch_rows, on_bad_row=on_bad)
+        reader = batches.open(paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=batch_chars)
     else:
         reader = iter(batches)
     skip_left = skip

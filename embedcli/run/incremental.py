@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,16 +18,72 @@ from embedcli.run.checks import Work
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import id_column, kept_columns, subset
 
+# The flag behind each resolved config and input option, for naming what changed between two runs.
+CONFIG_FLAGS = {
+    "task": "command",
+    "pooling": "pooling",
+    "normalize": "--normalize/--no-normalize",
+    "dimensions": "--dimensions",
+    "max_length": "--max-length",
+    "long_inputs": "--long-inputs",
+    "truncation_side": "--truncation-side",
+    "strip": "--strip/--no-strip",
+    "prompt": "--prompt/--prompt-name",
+    "dtype": "--dtype",
+    "quantize": "--quantize",
+    "model_config_hash": "model config",
+    "precision": "--precision",
+    "text_col": "--text-col",
+    "id_col": "--id-col",
+    "keep_cols": "--keep-cols",
+    "extra_text_cols": "text columns",
+    "format": "--format",
+}
+
+
+def _json(value: str | None) -> dict[str, Any] | None:
+    try:
+        loaded = json.loads(value) if value else None
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(default)"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "(none)"
+    if isinstance(value, str):
+        return repr(value) if value == "" or value != value.strip() or " " in value else value
+    return json.dumps(value, default=str)
+
+
+def config_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Each setting that differs between two outputs' metadata, as `--flag: old → new`."""
+    changes = []
+    if old.get("embedcli.model") != new.get("embedcli.model"):
+        changes.append(f"-m/--model: {old.get('embedcli.model')} → {new.get('embedcli.model')}")
+    elif old.get(KEY_MODEL) != new.get(KEY_MODEL):
+        changes.append(f"the model's files changed (content hash {old.get(KEY_MODEL)} → {new.get(KEY_MODEL)})")
+    for key in ("embedcli.config", KEY_INPUT_OPTIONS):
+        before, after = _json(old.get(key)), _json(new.get(key))
+        if before is None or after is None:
+            if old.get(key) != new.get(key) and key == KEY_INPUT_OPTIONS:
+                changes.append(f"input options: {old.get(key)} → {new.get(key)}")
+            continue
+        for name in sorted(set(before) | set(after), key=lambda n: (n not in CONFIG_FLAGS, n)):
+            if before.get(name) != after.get(name):
+                flag = CONFIG_FLAGS.get(name, name)
+                changes.append(f"{flag}: {_shown(before.get(name))} → {_shown(after.get(name))}")
+    if not changes and old.get(KEY_CONFIG) != new.get(KEY_CONFIG):
+        changes.append(f"config hash {old.get(KEY_CONFIG)} → {new.get(KEY_CONFIG)}")
+    return changes
+
 
 def describe_config_change(old: dict[str, str], new: dict[str, str]) -> str:
-    """What differs between two outputs' metadata: model, config hash, input options."""
-    parts = []
-    for key, label in ((KEY_MODEL, "model hash"), (KEY_CONFIG, "config hash"), (KEY_INPUT_OPTIONS, "input options")):
-        if old.get(key) != new.get(key):
-            parts.append(f"{label} {old.get(key)} → now {new.get(key)}")
-    if old.get("embedcli.model") != new.get("embedcli.model"):
-        parts.insert(0, f"model {old.get('embedcli.model')} → now {new.get('embedcli.model')}")
-    return "; ".join(parts) or "output format or options differ"
+    """What differs between two outputs' metadata, by flag (`--dtype: bfloat16 → float32`)."""
+    return "; ".join(config_changes(old, new)) or "--output-format or an output option differs"
 
 
 def open_previous(

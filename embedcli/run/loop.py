@@ -24,7 +24,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -42,11 +42,24 @@ from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
 from embedcli.run.job import Job, Rows
 from embedcli.run.report import RunReport, write_stats
-from embedcli.run.signals import StopFlag
+from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
 from embedcli.run.target import check_target, resolve_output
+
+# A batch is the loop's unit of work: progress, `--commit-every` and a clean stop act between batches. Cut
+# by text size as well as by rows (characters ~ tokens ~ compute), a batch is a few of the engine's packed
+# forwards on any device and any text length; the cut depends on the data and the token budget only, so a
+# rerun cuts the same records and resumes bit for bit.
+CHARS_PER_TOKEN = 4
+FORWARDS_PER_BATCH = 4
+
+
+def batch_chars(engine: Any) -> int | None:
+    """The text-size cap of a batch for `engine` (None when it has no token budget)."""
+    budget = getattr(engine, "max_batch_tokens", None)
+    return budget * CHARS_PER_TOKEN * FORWARDS_PER_BATCH if isinstance(budget, int) else None
 
 
 class Pipeline:
@@ -181,7 +194,8 @@ class Pipeline:
 
         def inputs() -> Iterator[Sequence[Any]]:
             work_items = read_work(
-                self.job.source, self.paths, self.flags, skip, errors_before, self.carry.split, report.seconds
+                self.job.source, self.paths, self.flags, skip, errors_before, self.carry.split, report.seconds,
+                batch_chars(engine),
             )
             for work in work_items:
                 held.append(work)
@@ -211,7 +225,14 @@ class Pipeline:
         report, flags = self.report, self.flags
         last_commit = time.monotonic()
         since_commit = 0
-        for result in results:
+        while True:
+            try:
+                with stop.waiting():
+                    result = next(results)
+            except StopIteration:
+                break
+            except StopNow:
+                self._stopped(sink, stop)
             work = held.popleft()
             answered: list[InputError] = []
             if work.batch is not None and len(work.batch):
@@ -225,17 +246,22 @@ class Pipeline:
             assert report.progress is not None
             report.progress.update(work.records, self.job.engine.stats.tokens)
             if stop.requested:
-                self._commit(sink)
-                report.progress.close(
-                    f"stopped by {stop.signal_name}: {report.records_done:,} input rows committed; "
-                    "rerun the same command to resume"
-                )
-                raise KeyboardInterrupt(stop.signal_name)
+                self._stopped(sink, stop)
             now = time.monotonic()
             if since_commit >= flags.shard_rows or now - last_commit >= flags.commit_every:
                 self._commit(sink)
                 last_commit, since_commit = now, 0
         self._commit(sink)
+
+    def _stopped(self, sink: Any, stop: StopFlag) -> NoReturn:
+        """Commit what is written, say so, and stop (exit 130)."""
+        self._commit(sink)
+        assert self.report.progress is not None
+        self.report.progress.close(
+            f"stopped by {stop.signal_name}: {self.report.records_done:,} input rows committed; "
+            "rerun the same command to resume"
+        )
+        raise KeyboardInterrupt(stop.signal_name)
 
     def _write(self, sink: Any, work: Work, result: Any) -> list[InputError]:
         """Write a work item's rows; returns the rows the codec answered as bad (see `Rows`)."""

@@ -37,11 +37,12 @@ def shard_range(k: int, n: int, total: int) -> tuple[int, int]:
 
 
 def _records(
-    source: BatchSource, paths: Sequence[str] | None, batch_rows: int | None
+    source: BatchSource, paths: Sequence[str] | None, batch_rows: int | None, batch_chars: int | None = None
 ) -> Iterator[tuple[list[Any], Any]]:
     """(bad rows reported while reading, batch) pairs of the raw readers, in the shared loop's order."""
     errors: list[Any] = []
-    for batch in BatchSource.open(source, paths, batch_rows=batch_rows, on_bad_row=errors.append):
+    reader = BatchSource.open(source, paths, batch_rows=batch_rows, on_bad_row=errors.append, batch_chars=batch_chars)
+    for batch in reader:
         reported = list(errors)
         errors.clear()
         yield reported, batch
@@ -68,9 +69,10 @@ class RangeSource(BatchSource):
         *,
         batch_rows: int | None = None,
         on_bad_row: Callable[[Any], None] | None = None,
+        batch_chars: int | None = None,
     ) -> Iterator[Any]:
         pos = 0
-        for errors, batch in _records(self, paths, batch_rows):
+        for errors, batch in _records(self, paths, batch_rows, batch_chars):
             if pos >= self.stop:
                 return
             for e in errors:

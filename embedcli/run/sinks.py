@@ -32,6 +32,7 @@ class StdoutSink:
             table = table.select(self.schema.names).cast(self.schema)
         self.writer.write(table)
         self.rows += table.num_rows
+        sys.stdout.flush()  # a pipe reader (`| head`) gets each batch as it is done, not at the end
 
     def add_errors(self, records: list[dict[str, Any]]) -> None:
         """Keep bad rows for `--errors-file`."""

@@ -15,12 +15,12 @@ from embedcli.io.parquet_reader import id_type as parquet_id_type
 from embedcli.io.reader_base import id_array, kept_arrays
 from embedcli.io.readers import (
     InputBatch,
+    count_records,
     detect_format,
     expand_paths,
     input_fingerprints,
     normalize_format,
     read_inputs,
-    rereadable,
 )
 
 
@@ -140,6 +140,7 @@ class BatchSource:
         *,
         batch_rows: int | None = None,
         on_bad_row: Callable[[InputError], None] | None = None,
+        batch_chars: int | None = None,
     ) -> Iterator[Any]:
         """The raw reader over `paths` (default: all inputs), no row checks."""
         return read_inputs(
@@ -151,6 +152,7 @@ class BatchSource:
             fmt=self.inputs.fmt,
             batch_rows=batch_rows or self.inputs.batch_rows,
             on_bad_row=on_bad_row,
+            batch_chars=batch_chars,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -208,13 +210,11 @@ class BatchSource:
         return parquet_id_type(schema.field(name).type)
 
     def total_rows(self, paths: Sequence[str]) -> int | None:
-        """Row count from Parquet metadata when every input is Parquet (for an ETA), else None."""
+        """Row count of the inputs for an ETA (Parquet metadata, a line count of text files), else None."""
         total = 0
         for p in paths:
-            if not rereadable(p) or detect_format(p, self.inputs.fmt) != "parquet":
+            n = count_records(p, self.inputs.fmt)
+            if n is None:
                 return None
-            try:
-                total += pq.ParquetFile(p).metadata.num_rows
-            except Exception:
-                return None
+            total += n
         return total

@@ -14,11 +14,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.io.fingerprint import describe_input_change
 from embedcli.io.manifest import (
     KEY_COMPLETE,
     KEY_CONFIG,
     KEY_CONFIG_KEY,
     KEY_ERRORS,
+    KEY_INPUTS,
     KEY_JOB,
     KEY_MODEL,
     KEY_RECORDS,
@@ -72,6 +74,14 @@ def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: An
     return EXIT_SKIPPED if skipped else EXIT_OK
 
 
+def _json_list(value: str | None) -> list[dict[str, Any]] | None:
+    try:
+        loaded = json.loads(value) if value else None
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, list) else None
+
+
 def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     """Refuse an output made otherwise (exit 2 without --overwrite); True when it is this job's, complete."""
     target, overwrite = p.output, p.flags.overwrite
@@ -81,7 +91,13 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
                 f"{target.path} was made with a different config ({describe_config_change(existing, p.base_meta)}); "
                 "pass --overwrite to replace it, or choose another -o"
             )
-        return _complete_for_this_job(p, existing)
+        if _complete_for_this_job(p, existing):
+            return True
+        if not p.flags.incremental and existing.get(KEY_COMPLETE) == "true":
+            why = describe_input_change(_json_list(existing.get(KEY_INPUTS)), p.fingerprints)
+            p.note(f"{target.path} was made from other inputs ({why}): computing every row "
+                   "(--incremental would carry unchanged rows over)")
+        return False
     if existing is None and target.mode == "dir" and os.path.isdir(target.path):
         if os.listdir(target.path) and not overwrite:
             raise UsageError(
@@ -125,7 +141,8 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     if manifest is not None:
         if overwrite or p.job_key is None or manifest.job_key != p.job_key or manifest.complete:
             if not overwrite and manifest.records_done and manifest.job_key != p.job_key:
-                p.note("the inputs changed since the interrupted run: starting over")
+                why = describe_input_change(manifest.inputs, p.fingerprints)
+                p.note(f"the inputs changed since the interrupted run ({why}): starting over")
             clear_dir(root)
             manifest = None
     elif os.listdir(root):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.lazy import LazyEngine
-from embedcli.compute.options import RunnerOptions
+from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS, RunnerOptions
 from embedcli.compute.plan import RunnerPlan, plan_runner
 from embedcli.errors import UsageError, display_path
 from embedcli.io.writers import LINES
@@ -176,7 +176,9 @@ def planned_engine(
             raise RuntimeError(f"embedcli: internal error: the loaded model differs from its plan in {changed}")
         return engine_for(runner, flags)
 
-    return LazyEngine(build, plan.max_length), meta, plan
+    # A plan exists only for the CPU (`plan_runner`), so the budget is the CPU's unless given.
+    budget = recipe.runner_options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS["cpu"]
+    return LazyEngine(build, plan.max_length, budget), meta, plan
 
 
 class RowInputs(list):  # type: ignore[type-arg]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -15,7 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedcli.io.errors import InputError
-from embedcli.io.readers import InputBatch, detect_format, expand_paths, input_fingerprint, read_inputs
+from embedcli.io.readers import (
+    InputBatch,
+    describe_input_change,
+    detect_format,
+    expand_paths,
+    fingerprint_identity,
+    input_fingerprint,
+    read_inputs,
+)
 
 
 def collect(batches: Any) -> list[dict[str, Any]]:
@@ -443,19 +452,51 @@ def test_input_fingerprint(tmp_path: Path) -> None:
     small = tmp_path / "s.jsonl"
     small.write_text('{"text": "a"}\n')
     fp = input_fingerprint(str(small))
-    assert set(fp) >= {"size", "mtime_ns", "head_sha256", "tail_sha256"}
-    assert fp["size"] == small.stat().st_size and fp["head_sha256"] == fp["tail_sha256"]
+    assert set(fp) == {"path", "size", "blake2b"}  # by content: mtime and place do not matter
+    assert fp["size"] == small.stat().st_size
+    assert fp["blake2b"] == hashlib.blake2b(small.read_bytes(), digest_size=16).hexdigest()
+    moved = tmp_path / "moved.jsonl"
+    small.rename(moved)
+    os.utime(moved, ns=(1, 1))
+    assert fingerprint_identity(input_fingerprint(str(moved))) == fingerprint_identity(fp)
 
     big = tmp_path / "b.bin"
     big.write_bytes(b"a" * (3 << 20))
-    before = input_fingerprint(str(big))
+    before = input_fingerprint(str(big), content_limit=1 << 20)  # past the limit: size, mtime, head and tail
+    assert set(before) >= {"size", "mtime_ns", "head_sha256", "tail_sha256"}
     with open(big, "r+b") as f:
         f.seek(-1, os.SEEK_END)
         f.write(b"b")
-    after = input_fingerprint(str(big))
+    after = input_fingerprint(str(big), content_limit=1 << 20)
     assert before["head_sha256"] == after["head_sha256"] and before["tail_sha256"] != after["tail_sha256"]
+    assert "b.bin changed" in describe_input_change([before], [after])
 
     with pytest.raises(InputError, match="no such file"):
         input_fingerprint(str(tmp_path / "missing"))
     with pytest.raises(InputError, match="stdin"):
         input_fingerprint("-")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv", "txt"])
+def test_batch_chars_cuts_the_same_records_in_every_format(tmp_path: Path, fmt: str) -> None:
+    texts = ["x" * (i % 50 + 1) for i in range(500)]
+    path = tmp_path / f"a.{fmt}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=77)  # groups not on batch cuts
+    elif fmt == "csv":
+        path.write_text("text\n" + "".join(f"{t}\n" for t in texts))
+    elif fmt == "txt":
+        path.write_text("".join(f"{t}\n" for t in texts))
+    else:
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    sizes = [len(b) for b in read_inputs([str(path)], batch_rows=64, batch_chars=1000)]
+    expected, used, n = [], 0, 0  # a batch ends at the row that brings it to 1,000 characters, or at 64 rows
+    for t in texts:
+        used, n = used + len(t), n + 1
+        if used >= 1000 or n == 64:
+            expected.append(n)
+            used, n = 0, 0
+    assert sizes == [*expected, *([n] if n else [])]

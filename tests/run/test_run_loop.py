@@ -125,10 +125,12 @@ def test_sigterm_mid_batch_commits_then_resume_from_the_manifest_computes_only_t
     with pytest.raises(KeyboardInterrupt):
         run_job(make_job(src, out, first))
     manifest = Manifest.load(staging_dir(str(out)))
-    assert manifest is not None and manifest.records_done == 4 and not out.exists()
+    # The stop does not wait for the batch being computed (on a large model that takes minutes): the batch
+    # written before the signal is committed, the one in hand is left for the rerun.
+    assert manifest is not None and manifest.records_done == 2 and not out.exists()
     again = FakeEngine()
     assert run_job(make_job(src, out, again)) == 0
-    assert again.seen == [t for _, t in ROWS[4:]]  # the committed records are read, never recomputed
+    assert again.seen == [t for _, t in ROWS[2:]]  # the committed records are read, never recomputed
     whole = tmp_path / "whole.parquet"
     run_job(make_job(src, whole))
     assert rows_of(out) == rows_of(whole) == {i: fake_vector(t) for i, t in ROWS}
