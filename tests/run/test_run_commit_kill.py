@@ -5,9 +5,9 @@ completes to the bytes of an uninterrupted run; never a mixed or silently stale 
 
 Each run is a real process: a fork of a server that has imported embedcli once (a fresh interpreter per
 run costs seconds of imports on a loaded machine). The forked child wraps the three calls, SIGKILLs itself
-just before step N and runs embedcli's CLI. A first run counts the steps; then the kill lands before each
-step in turn (an even sample that always holds the final assembly's steps; every step with
-EMBEDCLI_COMMIT_KILLS=0)."""
+just before step N and runs embedcli's CLI. A first run counts the steps and what they touch; then the
+kill lands before each step that can leave a distinct state (see `_sample`): where old and new meet. The
+`slow` variant kills before every step, the shard commits and each fsync included."""
 
 from __future__ import annotations
 
@@ -26,24 +26,30 @@ import pytest
 SHARD_ROWS = 4
 NEW_ROWS = 14  # four shards, the last one short
 OLD_ROWS = 9
-MAX_KILLS = int(os.environ.get("EMBEDCLI_COMMIT_KILLS", "8"))
 
 # The fork server: one JSON request per line {argv, log, kill_at, count}; answers {"code": exit status,
-# or minus the signal that ended the child}.
+# or minus the signal that ended the child}. With `count`, the child writes there each step's call and
+# the path it renamed onto or fsynced.
 SERVER = r"""
 import json, os, signal, sys, traceback
 import embedcli.cli
+
+def fd_path(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"
 
 def child(req):
     fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    steps = [0]
+    steps = []
     def wrap(name):
         real = getattr(os, name)
         def step(*a, **k):
-            steps[0] += 1
-            if steps[0] == req["kill_at"]:
+            steps.append((name, a[1] if name != "fsync" else fd_path(a[0])))
+            if len(steps) == req["kill_at"]:
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(*a, **k)
         setattr(os, name, step)
@@ -62,7 +68,7 @@ def child(req):
     sys.stderr.flush()
     if req["count"]:
         with open(req["count"], "w") as f:
-            f.write(str(steps[0]))
+            json.dump([(name, os.fsdecode(p)) for name, p in steps], f)
     return code
 
 for line in sys.stdin:
@@ -164,21 +170,27 @@ def _staged(work: Path, name: str) -> bool:
     return (work / f"{name.rstrip('/')}.embedcli-staging" / "_embedcli" / "manifest.json").is_file()
 
 
-def _sample(total: int, cap: int) -> list[int]:
-    """Kill before steps 1..total: all of them, or `cap` of them: the last half of `cap` (the final
-    assembly or publication) and an even spread over the rest (the shard commits)."""
-    steps = list(range(1, total + 1))
-    if cap <= 0 or len(steps) <= cap:
-        return steps
-    tail = steps[-(cap // 2):]
-    head = steps[: -(cap // 2)]
-    n = cap - len(tail)
-    return sorted({head[round(i * (len(head) - 1) / max(1, n - 1))] for i in range(n)} | set(tail))
+def _sample(steps: list[tuple[str, str]], every: bool) -> list[int]:
+    """Steps to kill before: all of them, or those that end in distinct states.
+
+    Under SIGKILL an fsync changes nothing visible, so a kill before one leaves what a kill before the next
+    rename leaves; the distinct states are: before step 1, before the last rename inside the staging area,
+    before each rename onto the output (its sidecars, the data file, the directory swap), and after the last
+    rename (before the cleanup)."""
+    numbered = list(enumerate(steps, start=1))
+    if every:
+        return [n for n, _ in numbered]
+    renames = [(n, path) for n, (call, path) in numbered if call != "fsync"]
+    staged = [n for n, path in renames if any(m in path for m in (".embedcli-staging", ".embedcli-float32"))]
+    final = [n for n, _ in renames if n not in staged]
+    after = [n + 1 for n in final[-1:] if n < len(steps)]
+    return sorted({1, *staged[-1:], *final, *after})
 
 
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["output-steps", "every-step"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_sigkill_at_every_commit_step_leaves_old_or_resumes_to_new_bytes(
-    kind: str, server: Server, st_model: Path, tmp_path: Path
+    kind: str, every: bool, server: Server, st_model: Path, tmp_path: Path
 ) -> None:
     name, flags = KINDS[kind]
     old_corpus = _corpus(tmp_path / "old.jsonl", "old", OLD_ROWS)
@@ -188,7 +200,7 @@ def test_sigkill_at_every_commit_step_leaves_old_or_resumes_to_new_bytes(
     out = work / name.rstrip("/")
 
     def embed(corpus: Path, kill_at: int = 0, count: Path | None = None) -> tuple[int, str]:
-        argv = ("embed", corpus, "-m", st_model, "-o", work / name, "--shard-rows", SHARD_ROWS, "-q", *flags)
+        argv = ("embed", corpus, "-m", st_model, "-o", f"{work}/{name}", "--shard-rows", SHARD_ROWS, "-q", *flags)
         return server.run(*argv, kill_at=kill_at, count=count)
 
     def check() -> tuple[int, str]:
@@ -196,6 +208,7 @@ def test_sigkill_at_every_commit_step_leaves_old_or_resumes_to_new_bytes(
 
     code, log = embed(old_corpus)
     assert code == 0, log
+    assert out.is_dir() == name.endswith("/")
     pristine = tmp_path / "pristine"
     shutil.copytree(work, pristine, symlinks=True)
     old = _output_files(work)
@@ -203,12 +216,13 @@ def test_sigkill_at_every_commit_step_leaves_old_or_resumes_to_new_bytes(
 
     code, log = embed(new_corpus, count=tmp_path / "steps")
     assert code == 0, log
-    total = int((tmp_path / "steps").read_text())
+    steps = [tuple(step) for step in json.loads((tmp_path / "steps").read_text())]
+    total = len(steps)
     new = _output_files(work)
     assert new != old and check()[0] == 0 and _leftovers(work) == []
 
     outcomes = {}
-    for kill_at in _sample(total, MAX_KILLS):
+    for kill_at in _sample(steps, every):
         shutil.rmtree(work)
         shutil.copytree(pristine, work, symlinks=True)
         code, log = embed(new_corpus, kill_at=kill_at)
