@@ -27,6 +27,7 @@ from embedcli.io.manifest import (
     job_key,
     output_metadata,
 )
+from embedcli.io.shards import remove_tmp_files
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
@@ -147,16 +148,22 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
             return _spooled(job, quant, os.path.join(spool_dir, "float32.parquet"))
         finally:
             shutil.rmtree(spool_dir, ignore_errors=True)
+    spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
     done = _finished_quantized(job)
     if done is not None:
+        _remove_spool(spool)  # a run killed after publishing, before removing its spool
         return done
     _guard_output_staging(job)
-    spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
     code = _spooled(job, quant, spool)
+    _remove_spool(spool)
+    return code
+
+
+def _remove_spool(spool: str) -> None:
+    """Delete the float32 spool and its index sidecar once the quantized output is published."""
     for leftover in (spool, index_sidecar(spool)):
         if os.path.exists(leftover):
             os.remove(leftover)
-    return code
 
 
 def _spooled(job: Job, quant: Quantizer, spool: str) -> int:
@@ -219,6 +226,8 @@ def _quantize_spool(spool: str, job: Job, quant: Quantizer) -> None:
     # the spool's metadata (config and job keys, rows, completeness) describes the output too
     final_meta = {**(output_metadata(spool, "parquet") or job.provenance), **quant.metadata()}
     path, fmt = job.target.path, job.target.fmt
+    # a run killed in this write left its temp files; the spool's run cleaned only the spool's
+    remove_tmp_files(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
     writer = None
     try:
         for rb in source.iter_batches(batch_size=8192):

@@ -31,6 +31,7 @@ from embedcli.io.manifest import (
     staging_dir,
     strip_slash,
 )
+from embedcli.io.shards import output_key_for
 from embedcli.io.sidecar import check_sidecar
 from embedcli.io.writers import output_format
 
@@ -94,7 +95,16 @@ def _staged(root: str) -> dict[str, Any] | None:
         "skipped_rows": manifest.errors,
         "config_key": manifest.config_key,
         "complete": manifest.complete,
+        "output_key": _staged_output_key(root, manifest),
     }
+
+
+def _staged_output_key(root: str, manifest: Manifest) -> str | None:
+    """The output key the staged work publishes as (None when its shards cannot be read)."""
+    try:
+        return output_key_for(root, manifest)
+    except (pa.ArrowException, OSError, ValueError):
+        return None
 
 
 def _inspect_dir(path: str, report: dict[str, Any]) -> None:
@@ -202,7 +212,12 @@ def inspect_output(path: str) -> dict[str, Any]:
         report["input_options"] = _loads(meta.get(KEY_INPUT_OPTIONS))
         report["errors"] = _loads(meta.get(KEY_ERRORS)) or []
         report["output_key"] = meta.get(KEY_OUTPUT)
-    if staged is not None:
+    published = staged is not None and staged["output_key"] is not None and staged["output_key"] == meta.get(KEY_OUTPUT)
+    if staged is not None and report["complete"] and published:
+        # killed after publishing, before removing its staging: the output is this work's, complete;
+        # the next run of the command removes the leftover
+        report["staged"] = {**staged, "published": True}
+    elif staged is not None:
         report["staged"] = staged
         report["complete"] = False
         report["problems"].append(
