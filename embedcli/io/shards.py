@@ -113,6 +113,20 @@ def row_keys(
 # Writing shards
 
 
+def arrow_child_names(t: pa.DataType) -> pa.DataType:
+    """`t` with Arrow's own child field names: Parquet reads lists back with `element` children where Arrow
+    writes `item`; a resumed run must write the schema a fresh run writes, byte for byte."""
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(arrow_child_names(t.value_type), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(arrow_child_names(t.value_type))
+    if pa.types.is_list(t):
+        return pa.list_(arrow_child_names(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(arrow_child_names(f.type)) for f in t])
+    return t
+
+
 class ShardStore:
     """The staging directory of one run: writes the current shard, commits it, keeps the manifest."""
 
@@ -132,7 +146,8 @@ class ShardStore:
         os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
         first = next((s for s in manifest.shards if s.file), None)
         if first is not None:
-            self.schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
+            schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
+            self.schema = pa.schema([f.with_type(arrow_child_names(f.type)) for f in schema])
 
     # -- housekeeping ----------------------------------------------------------------------------
     def clean_stale(self) -> list[str]:

@@ -102,3 +102,23 @@ def test_output_name_too_long_for_its_sidecars_is_refused_with_the_limit(cli, st
     assert "248 bytes" in r.stderr and "at most 232 bytes" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["corpus.jsonl"]
+
+
+def test_a_resumed_shard_store_writes_the_schema_a_fresh_one_writes(tmp_path: Path) -> None:
+    """Parquet reads a list column back with `element` children; a resumed run must not write that."""
+    import pyarrow.parquet as pq
+
+    def shards(root: Path, resume: bool) -> bytes:
+        root.mkdir()
+        manifest = Manifest(config_key="c", job_key="j", config={}, input_options={}, inputs=None,
+                            output_format="parquet")
+        store = ShardStore(str(root), manifest, {"k": "v"}, str(root / "out"))
+        store.write(_table(), None)
+        store.commit(3)
+        if resume:  # a new process picks the staged work up
+            store = ShardStore(str(root), manifest, {"k": "v"}, str(root / "out"))
+        store.write(_table(), None)
+        store.commit(6)
+        return pq.read_metadata(root / manifest.shards[1].file).metadata[b"ARROW:schema"]
+
+    assert shards(tmp_path / "resumed", True) == shards(tmp_path / "fresh", False)
