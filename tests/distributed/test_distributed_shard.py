@@ -109,10 +109,10 @@ def test_engine_ray_without_ray_says_how_to_install(cli, st_model: Path, corpus:
 def test_every_compute_command_has_the_distributed_panel(cli, command: str) -> None:
     out = cli(command, "--help", env={"COLUMNS": "200"}).stdout
     assert "Distributed" in out
-    for flag, env in (("--engine", "EMBEDCLI_ENGINE"), ("--ray-address", "EMBEDCLI_RAY_ADDRESS"),
-                      ("--workers", "EMBEDCLI_WORKERS"), ("--gpus-per-worker", "EMBEDCLI_GPUS_PER_WORKER"),
-                      ("--shard", "EMBEDCLI_SHARD")):
-        assert flag in out and env in out
+    # Env twins are named once for every flag (issue 15: help that fits a screen); EMBEDCLI_SHARD is run below.
+    assert "Every flag can also be set as EMBEDCLI_<FLAG>" in out
+    for flag in ("--engine", "--ray-address", "--workers", "--gpus-per-worker", "--shard"):
+        assert flag in out
 
 
 def test_env_twin_sets_the_shard(cli, st_model: Path, corpus: Path, tmp_path: Path) -> None:
