@@ -23,6 +23,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.io.writers import embedding_matrix
+from embedcli.quantize import quantize
 
 FLOAT_PRECISIONS = ("float32", "float16")
 SCALAR_PRECISIONS = ("int8", "uint8")
@@ -51,8 +56,6 @@ class SearchSpace:
 
     def encode_queries(self, queries: np.ndarray) -> np.ndarray:
         """Float queries in the stored precision (int8/uint8 with the stored ranges)."""
-        from embedcli.quantize import quantize
-
         q = np.asarray(queries, dtype=np.float32)
         if self.precision in FLOAT_PRECISIONS:
             return q
@@ -197,10 +200,6 @@ def search_blocks(
 
 def parquet_vector_blocks(path: str, block_rows: int = DEFAULT_BLOCK_ROWS, column: str = "embedding") -> Iterator[np.ndarray]:
     """`[b, width]` blocks of a Parquet file's vector column, read a row group at a time."""
-    import pyarrow.parquet as pq
-
-    from embedcli.io.writers import embedding_matrix
-
     # pre_buffer=False and use_threads=False: by default pyarrow fetches every row group's column chunk up
     # front and decodes ahead, so memory grows with the file (measured on 100k x 384 float32 in 1,024-row
     # row groups: peak +298 MiB by default; see benchmarks/bench_search.py for the figures without).
@@ -211,9 +210,6 @@ def parquet_vector_blocks(path: str, block_rows: int = DEFAULT_BLOCK_ROWS, colum
 
 def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int = DEFAULT_BLOCK_ROWS):  # type: ignore[no-untyped-def]
     """A pyarrow table of `columns` for the given row numbers (in that order), read in one streamed pass."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     wanted = np.unique(rows)
     pieces = []
     first = 0

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from embedcli.errors import PoolingConfigError
+
 METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse")
 SparseVector = tuple[np.ndarray, np.ndarray]  # (indices, values), indices sorted and unique
 DOCUMENT_PROMPT_NAMES: tuple[str, ...] = ("document", "passage", "corpus")
@@ -176,8 +178,6 @@ class PairScorer:
         self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
         spec = getattr(getattr(runner, "model", None), "spec", None)
         if (self.query_prompt or self.doc_prompt) and spec is not None and not spec.include_prompt:
-            from embedcli.pooling import PoolingConfigError
-
             # The prompts are prepended here, per side; the runner could not leave their tokens out of pooling.
             raise PoolingConfigError(
                 f"include_prompt=false ({spec.pooling_source}) with query/document prompts is not supported "

@@ -19,6 +19,7 @@ from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
 from embedcli.models.loader import LoadedModel
+from embedcli.models.st_config import prompt_token_count
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 from embedcli.pooling.poolers import pool_empty
 
@@ -118,8 +119,6 @@ class Runner:
 
     def _excluded_prompt_tokens(self) -> int:
         """Prompt tokens pooling leaves out (sentence-transformers include_prompt=false), 0 when none."""
-        from embedcli.models.st_config import prompt_token_count
-
         spec = self.model.spec
         if spec.include_prompt or self.options.task != "embed":
             return 0

@@ -28,12 +28,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, write_atomic
+from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, temp_path, write_atomic
 from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
 from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
 from embedcli.io.errors import OutputError
 from embedcli.io.fingerprint import fingerprint_identity
 from embedcli.io.formats import output_format
+from embedcli.io.sidecar import check_sidecar, read_json_file
 
 MANIFEST_FORMAT = "embedcli-manifest"
 MANIFEST_VERSION = 1
@@ -141,8 +142,6 @@ def fsync_dir(path: str) -> None:
 
 def tmp_name(path: str) -> str:
     """A fresh temp name `.NAME.tmp-PID-RANDOM` of `path` (create it with `embedcli.io.commit.create_temp`)."""
-    from embedcli.io.commit import temp_path
-
     return temp_path(path)
 
 
@@ -295,16 +294,6 @@ class StagingLock:
 # Reading what an existing output says about itself
 
 
-def read_json_file(path: str) -> dict[str, Any] | None:
-    """A JSON object from a file, or None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
     """The embedcli key-value metadata of an existing output file or shard directory, or None.
 
@@ -329,8 +318,6 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
         if not sidecar or not isinstance(sidecar.get("metadata"), dict):
             return None
         meta = {str(k): str(v) for k, v in sidecar["metadata"].items()}
-        from embedcli.io.sidecar import check_sidecar
-
         if KEY_COMPLETE in meta and check_sidecar(path, sidecar):
             meta[KEY_COMPLETE] = "false"  # the sidecar names other bytes (a commit cut between renames)
     return meta if any(k.startswith("embedcli.") for k in meta) else None

@@ -38,7 +38,7 @@ from embedcli.io.manifest import (
     output_error,
     write_atomic,
 )
-from embedcli.io.writers import dictionary_columns
+from embedcli.io.writers import ResultWriter, dictionary_columns, open_writer
 
 KEY_WIDTH = 16
 KEY_TYPE = pa.binary(KEY_WIDTH)
@@ -408,8 +408,6 @@ def assemble_file(
 
     The index sidecar is renamed into place first, the data file last: its appearance is the commit.
     """
-    from embedcli.io.writers import ResultWriter, open_writer
-
     files = [os.path.join(root, s.file) for s in manifest.shards if s.file]
     schema = pq.read_schema(arrow_source(files[0])).remove_metadata() if files else empty_schema.remove_metadata()
     output_key = output_key_for(root, manifest)

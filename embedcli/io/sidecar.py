@@ -9,11 +9,10 @@ so the output never counts as complete for a run it does not belong to.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from typing import IO, Any
-
-from embedcli.io.manifest import read_json_file
 
 SIDECAR_SUFFIX = ".meta.json"
 _READ_BLOCK = 1 << 20
@@ -39,6 +38,16 @@ class HashingFile:
     def hexdigest(self) -> str:
         """The sha256 of the bytes written past the skipped prefix."""
         return self._sha.hexdigest()
+
+
+def read_json_file(path: str) -> dict[str, Any] | None:
+    """A JSON object from a file, or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def data_identity(path: str, sha256: str, offset: int = 0) -> dict[str, Any]:

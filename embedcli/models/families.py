@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template
 from embedcli.models.st_config import read_json
@@ -41,8 +43,6 @@ def read_splade(folder: Path, architecture: str, cfg: dict[str, Any], st_cfg: di
 
 
 def _vocabulary(folder: Path) -> Any:
-    from tokenizers import Tokenizer
-
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise ModelConfigError(f"{path}: missing; an LLM reranker's score tokens are looked up in tokenizer.json")

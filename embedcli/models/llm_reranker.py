@@ -14,6 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokenizers import Tokenizer
+
+from embedcli.errors import ConfigRefusedError
+
 # Qwen3-Reranker's prompt, as in its model card and vLLM's `qwen3_reranker` example.
 QWEN3_RERANKER_TEMPLATE = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
@@ -97,8 +101,6 @@ class PairTemplate:
         self.template = template
         self.instruction = instruction or ""
         self.max_length = max_length
-        from tokenizers import Tokenizer
-
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_truncation()
         self._tok.no_padding()
@@ -174,8 +176,6 @@ def pair_formatter(model: Any, max_length: int, truncate: bool = True) -> Any:
     spec = model.spec
     if spec.head != "lm_score" or (spec.pair_template is None and spec.pair_chat_template is None):
         return None
-    from embedcli.errors import ConfigRefusedError
-
     try:
         source = spec.pair_template
         if source is None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
 from torch import nn
 
 from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint, UsageError
 from embedcli.models.backbones import has_own_backbone, load_own_backbone
+from embedcli.models.lm_heads import lm_pooler, lm_score_head, mlm_head
 from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
 from embedcli.models.precision import (
@@ -20,6 +25,8 @@ from embedcli.models.precision import (
     task_for_head,
 )
 from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
+from embedcli.models.tokenizer import load_tokenizer_json
+from embedcli.models.weights_file import check_safetensors
 from embedcli.pooling import (
     DispatchPooler,
     Pooler,
@@ -69,10 +76,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def _load_dense(folder: Path, dense: DenseSpec) -> nn.Module:
     """A Dense module's Linear + activation; weights that fail to load are an error (vLLM skips silently)."""
-    from safetensors.torch import load_file
-
-    from embedcli.models.weights_file import check_safetensors
-
     weights_path = folder / dense.path / "model.safetensors"
     if not weights_path.is_file():
         raise ModelConfigError(
@@ -125,8 +128,7 @@ def _sequence_classifier(model: nn.Module, model_type: str, is_decoder: bool) ->
 
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
     """Int8 dynamic quantization (per output channel) of every Linear layer; CPU only, lossy, opt-in."""
-    import warnings
-
+    # Imported here: torch.ao.quantization is loaded only for the opt-in int8 path.
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():
@@ -203,15 +205,12 @@ class LoadedModel:
         # Decoders keep transformers' tokenizer: it rebuilds some of them (BOS/EOS templates, BPE classes)
         # from tokenizer_config.json rather than taking tokenizer.json as it is.
         if self.own_backbone and not self.spec.is_decoder and (path / "tokenizer.json").is_file():
-            from embedcli.models.tokenizer import load_tokenizer_json
-
             try:
                 tokenizer, self.hf_tokenizer = load_tokenizer_json(path)
             except Exception as e:
                 raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
             return tokenizer
-        from tokenizers import Tokenizer
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy; only the fallback path needs it
 
         try:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
@@ -228,7 +227,7 @@ class LoadedModel:
         return tokenizer
 
     def _load_backbone(self) -> tuple[nn.Module, nn.Module | None]:
-        import transformers
+        import transformers  # heavy; loaded only when a model is built
 
         # Our own progress goes to stderr; transformers' per-weight loading bar is noise there.
         transformers.utils.logging.disable_progress_bar()
@@ -261,8 +260,6 @@ class LoadedModel:
         if spec.head == "base":
             backbone = model
         elif spec.head in ("lm_score", "sparse"):
-            from embedcli.models.lm_heads import lm_score_head, mlm_head
-
             backbone = getattr(model, model.base_model_prefix)
             # Only the LM head's rows for the score tokens are kept; the [vocab, hidden] head is dropped.
             classifier = lm_score_head(model, spec) if spec.head == "lm_score" else mlm_head(model, spec)
@@ -285,8 +282,6 @@ class LoadedModel:
         spec, cfg = self.spec, self.pooler_config
         head_dtype = torch.float32
         if spec.head in ("lm_score", "sparse"):
-            from embedcli.models.lm_heads import lm_pooler
-
             return lm_pooler(spec, self.options, classifier)
         if spec.head == "base":
             projector = None
@@ -350,8 +345,6 @@ class LoadedModel:
         """Forwards inside run as `--dtype bfloat16` would; the float32 weights are left untouched."""
         saved = self.dtype, self.autocast, self.weight_dtype, self.backbone
         if self.device.type != "cpu":
-            import copy
-
             self.backbone = copy.deepcopy(self.backbone)
         try:
             self._use_bf16()

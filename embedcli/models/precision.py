@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -93,7 +95,7 @@ def cpu_device_kind() -> str:
 def device_kind(device: Any) -> str:
     """`cpu:<bf16 instructions>` or `cuda:<device name>`: numerics differ across kinds, not across units of one."""
     if device.type == "cuda":
-        import torch
+        import torch  # here: `info` and the run plan import this module without torch
 
         return "cuda:" + torch.cuda.get_device_name(device)
     return cpu_device_kind() if device.type == "cpu" else str(device.type)
@@ -101,9 +103,6 @@ def device_kind(device: Any) -> str:
 
 def _no_accelerator() -> bool:
     """Whether `--device auto` surely means the CPU, decided without torch: no GPU device node on Linux, or macOS."""
-    import os
-    import sys
-
     if sys.platform == "darwin":
         return True
     if not sys.platform.startswith("linux"):
@@ -193,6 +192,7 @@ def _inversions(ref: np.ndarray, cand: np.ndarray) -> int:
 
 def probe_outputs(model: LoadedModel, task: str, texts: Sequence[str] = PROBE_TEXTS) -> list[np.ndarray]:
     """The model's `task` output for each probe text, as it is configured now (dtype, autocast)."""
+    # Here: `info` and the run plan import this module without torch (embedcli.pooling loads it).
     import torch
 
     from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams

@@ -9,6 +9,13 @@ import os
 from pathlib import Path
 
 from embedcli.errors import ModelNotFoundError
+from embedcli.models.download import (
+    cached_snapshot,
+    download_model,
+    hub_disabled,
+    looks_like_repo_id,
+    split_revision,
+)
 
 __all__ = ["DEFAULT_MODEL", "PACKAGED_MODELS", "ModelNotFoundError", "resolve_model_path"]
 
@@ -37,8 +44,6 @@ def _packaged(model_id: str) -> Path | None:
 
 
 def _hub_cache(model_id: str, revision: str | None = None) -> Path | None:
-    from embedcli.models.download import cached_snapshot, looks_like_repo_id, split_revision
-
     if not looks_like_repo_id(model_id):
         return None
     repo, pinned = split_revision(model_id)
@@ -60,8 +65,6 @@ def resolve_model_path(
         found = _packaged(name)
     if found is not None:
         return found
-    from embedcli.models.download import download_model, hub_disabled, looks_like_repo_id, split_revision
-
     if looks_like_repo_id(name) and not hub_disabled():
         repo, pinned = split_revision(name)
         return download_model(repo, revision or pinned, allow_pickle=allow_pickle)

@@ -10,7 +10,7 @@ from typing import Any
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.families import FAMILY_FIELDS, read_reranker, read_splade
-from embedcli.models.llm_reranker import RerankerFlags
+from embedcli.models.llm_reranker import RerankerFlags, score_formula
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
 from embedcli.models.st_config import (
     MODE_TYPES,
@@ -24,6 +24,7 @@ from embedcli.models.st_config import (
     read_similarity,
     refuse_modular_cross_encoder,
 )
+from embedcli.models.weights_file import check_safetensors
 
 DECODER_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
@@ -146,8 +147,6 @@ class ModelSpec:
         data["tasks"] = list(self.tasks)
         data["score_type"] = self.score_type
         if self.head == "lm_score":
-            from embedcli.models.llm_reranker import score_formula
-
             data["score_formula"] = score_formula(self.score_tokens)
             if self.pair_template is not None:
                 data["pair_format"] = f"template {self.pair_template!r}"
@@ -212,8 +211,6 @@ def _head_kind(architecture: str) -> str:
 def _weights(folder: Path, allow_pickle: bool) -> tuple[str, ...]:
     safetensors = sorted(p.name for p in folder.glob("*.safetensors"))
     if safetensors:
-        from embedcli.models.weights_file import check_safetensors  # imports this module
-
         for name in safetensors:
             check_safetensors(folder / name)  # a truncated file: one line now, not a SafetensorError later
         return tuple(safetensors)

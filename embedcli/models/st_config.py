@@ -6,6 +6,7 @@ what it does; anything embedcli would compute differently from sentence-transfor
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,9 +126,7 @@ def check_activation(name: object, path: Path, key: str) -> str:
         raise ConfigRefusedError(
             f"{path}: {key} {name!r} is refused: only torch.nn.modules.* activation classes are loaded"
         )
-    import importlib
-
-    from torch import nn
+    from torch import nn  # here: `info` and the run plan read this module without torch
 
     module_name, _, class_name = name.rpartition(".")
     try:

@@ -6,7 +6,7 @@ import json
 import struct
 from pathlib import Path
 
-from embedcli.models.spec import ModelConfigError
+from embedcli.errors import ModelConfigError
 
 _MAX_HEADER = 100 << 20  # the safetensors format caps its JSON header at 100 MB
 

@@ -198,7 +198,10 @@ def get_seq_pooling_method(pooling_type: str, include_prompt: bool = True) -> Se
     """
     if include_prompt and pooling_type in _SEQ_METHODS:
         return _SEQ_METHODS[pooling_type]()
-    from embedcli.pooling.st_pooling import SentenceTransformerPool, parse_pooling_type
+    from embedcli.pooling.st_pooling import (  # st_pooling imports this module
+        SentenceTransformerPool,
+        parse_pooling_type,
+    )
 
     return SentenceTransformerPool(parse_pooling_type(pooling_type), include_prompt)
 
