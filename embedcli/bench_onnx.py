@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from embedcli.user_cache import user_cache_dir
+from embedcli.io.user_cache import user_cache_dir
 
 ONNX_OPSET = 17
 _TOKEN_TYPE_MODELS = frozenset({"bert", "xlm-roberta", "roberta", "camembert", "electra"})

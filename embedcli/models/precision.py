@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from embedcli.io.user_cache import read_json, user_cache_dir, write_json
 from embedcli.models.probe_texts import PROBE_TEXTS, PROBE_VERSION
-from embedcli.user_cache import read_json, user_cache_dir, write_json
 from embedcli.version import __version__
 
 if TYPE_CHECKING:

@@ -1,17 +1,17 @@
 """The per-user cache directory: exported ONNX graphs, parity-probe decisions; never outputs.
 
-A bottom-layer utility (beside `errors` and `version`): it imports nothing from embedcli, so `models` (the
-parity-probe cache) and the benchmark can both use it.
+Files only, so it sits in `io`: `models` (the parity-probe cache) and the benchmark both use it, and an entry
+is written with the one atomic-file helper (`embedcli.io.commit.write_atomic`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from embedcli.io.commit import write_atomic
 
 
 def user_cache_dir(*parts: str) -> Path:
@@ -35,17 +35,5 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write a cache entry atomically (fresh temp file, fsync, rename): readers see the old entry or the new one."""
-    # mkstemp: O_EXCL on a fresh name beside the entry, so the rename stays on one filesystem. No directory
-    # fsync: a cache entry lost to a crash is only a miss, decided again on the next run.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write((json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write a cache entry atomically: readers see the old entry or the new one."""
+    write_atomic(str(path), (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
