@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.commit import arrow_source, close_synced, create_temp
+from embedcli.io.commit import arrow_source, close_synced, create_temp, unlink_quiet
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
@@ -59,20 +59,6 @@ def _index_name(number: int) -> str:
 
 def _errors_name(number: int) -> str:
     return f"{META_DIR}/errors-{number:06d}.jsonl"
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: str | None) -> None:
-    if path:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 def keys_array(keys: np.ndarray) -> pa.Array:
@@ -167,7 +153,7 @@ class ShardStore:
                 path = os.path.join(directory, name)
                 if path in keep or (os.path.isdir(path) and not os.path.islink(path)):
                     continue
-                _unlink(path)
+                unlink_quiet(path)
                 removed.append(path)
         return removed
 
@@ -229,7 +215,7 @@ class ShardStore:
         if self._file is not None:
             self._file.close()
             self._file = None
-        _unlink(self._tmp)
+        unlink_quiet(self._tmp)
         self._tmp = None
         self._data_file = None
         self._rows = 0
@@ -296,7 +282,7 @@ class ShardStore:
                 raise
         except OSError as e:
             for path in written:  # not in the manifest: a later run recomputes these rows
-                _unlink(path)
+                unlink_quiet(path)
             self.abort()
             raise output_error(self.output, e) from None
         self._data_file = None
@@ -391,7 +377,7 @@ def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: s
         close_synced(file)
     except BaseException:
         file.close()
-        _unlink(tmp)
+        unlink_quiet(tmp)
         raise
     return tmp
 
@@ -424,24 +410,24 @@ def assemble_file(
             os.replace(sidecar_tmp, sidecar)
             sidecar_tmp = None
         else:
-            _unlink(sidecar)  # a stale index of an earlier output must not describe this one
+            unlink_quiet(sidecar)  # a stale index of an earlier output must not describe this one
         writer.commit()
     except OSError as e:
         if writer is not None:
             writer.abort()
-        _unlink(sidecar_tmp)
+        unlink_quiet(sidecar_tmp)
         raise output_error(output, e) from None
     except OutputError as e:
         if writer is not None:
             writer.abort()
-        _unlink(sidecar_tmp)
+        unlink_quiet(sidecar_tmp)
         raise OutputError(
             output, e.reason, fix=e.fix or "rerun the same command once fixed: committed work is kept"
         ) from None
     except BaseException:
         if writer is not None:
             writer.abort()
-        _unlink(sidecar_tmp)
+        unlink_quiet(sidecar_tmp)
         raise
     fsync_dir(os.path.dirname(os.path.abspath(output)))
     return output_key
@@ -490,7 +476,7 @@ def clear_dir(root: str) -> None:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)  # rmtree itself never follows links
             else:
-                _unlink(entry.path)
+                unlink_quiet(entry.path)
 
 
 def remove_tmp_files(directory: str, stem: str) -> None:
@@ -499,7 +485,7 @@ def remove_tmp_files(directory: str, stem: str) -> None:
     prefixes = tuple(f".{n}.tmp-" for n in names)
     for path in iter_tmp_files(directory):
         if os.path.basename(path).startswith(prefixes):
-            _unlink(path)
+            unlink_quiet(path)
 
 
 
