@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, temp_path, write_atomic
+from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, write_atomic
 from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
 from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
 from embedcli.io.errors import OutputError
@@ -138,11 +138,6 @@ def job_key(cfg_key: str, fingerprints: list[dict[str, Any]] | None) -> str | No
 def fsync_dir(path: str) -> None:
     """fsync a directory so a rename in it is durable (ignored where unsupported)."""
     fsync_parent(os.path.join(path, "x"))
-
-
-def tmp_name(path: str) -> str:
-    """A fresh temp name `.NAME.tmp-PID-RANDOM` of `path` (create it with `embedcli.io.commit.create_temp`)."""
-    return temp_path(path)
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
