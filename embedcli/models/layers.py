@@ -20,6 +20,7 @@ from torch import nn
 
 # UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
 from embedcli.errors import UnsupportedCheckpoint
+from embedcli.models.gemm import gelu_tanh, linear
 from embedcli.models.packing import PackInfo, flash_attn_available, packed_attention
 
 StateDict = dict[str, torch.Tensor]
@@ -109,11 +110,11 @@ class Weights:
         return self.state.get(name)
 
 
-def copy_linear(linear: nn.Linear, weights: Weights, *names: str) -> None:
-    """Fill `linear` from the Linear layers `names` (several are concatenated by rows: fused projections)."""
-    linear.weight.data.copy_(torch.cat([weights[f"{n}.weight"] for n in names]))
-    if linear.bias is not None:
-        linear.bias.data.copy_(torch.cat([weights[f"{n}.bias"] for n in names]))
+def copy_linear(module: nn.Linear, weights: Weights, *names: str) -> None:
+    """Fill `module` from the Linear layers `names` (several are concatenated by rows: fused projections)."""
+    module.weight.data.copy_(torch.cat([weights[f"{n}.weight"] for n in names]))
+    if module.bias is not None:
+        module.bias.data.copy_(torch.cat([weights[f"{n}.bias"] for n in names]))
 
 
 def copy_norm(norm: nn.Module, weights: Weights, name: str) -> None:
@@ -128,17 +129,13 @@ def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
 # transformers' ACT2FN names; gelu_new / gelu_fast are the tanh approximation written out (equal to
 # float32 rounding), `gelu` is the exact erf form.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
-    "gelu_new": _gelu_tanh,
-    "gelu_fast": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_new": gelu_tanh,
+    "gelu_fast": gelu_tanh,
+    "gelu_pytorch_tanh": gelu_tanh,
     "quick_gelu": _quick_gelu,
     "relu": F.relu,
     "silu": F.silu,
@@ -216,6 +213,6 @@ class EncoderLayer(nn.Module):
         copy_norm(self.out_norm, weights, str(names["out_norm"]))
 
     def forward(self, x: torch.Tensor, pack: PackInfo, bias: torch.Tensor | None = None) -> torch.Tensor:
-        context = varlen_attention(self.qkv(x), pack, self.heads, self.head_dim, bias=bias)
-        x = self.attn_norm(self.attn_out(context) + x)
-        return self.out_norm(self.down(self.act(self.up(x))) + x)
+        context = varlen_attention(linear(self.qkv, x), pack, self.heads, self.head_dim, bias=bias)
+        x = self.attn_norm(linear(self.attn_out, context) + x)
+        return self.out_norm(linear(self.down, linear(self.up, x, self.act)) + x)

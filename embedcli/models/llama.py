@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from embedcli.models.gemm import linear
 from embedcli.models.kv_cache import PrefixSlice
 from embedcli.models.layers import (
     JsonConfig,
@@ -100,7 +101,7 @@ class DecoderAttention(nn.Module):
         prefix: PrefixSlice | None,
     ) -> torch.Tensor:
         total, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k, v = linear(self.qkv, x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(total, self.heads, d), k.view(total, self.kv_heads, d), v.view(total, self.kv_heads, d)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -111,7 +112,7 @@ class DecoderAttention(nn.Module):
         else:
             as_hf = (t.transpose(0, 1)[None] for t in (q, k, v))
             out = prefix.attention(self, *as_hf, pack, self.scale)[0][0]
-        return self.o_proj(out.reshape(total, self.heads * d))
+        return linear(self.o_proj, out.reshape(total, self.heads * d))
 
 
 class DecoderLayer(nn.Module):
@@ -133,8 +134,8 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice | None
     ) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin, pack, prefix)
-        gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
-        return x + self.down(self.act(gate) * up)
+        gate, up = linear(self.gate_up, self.post_attn_norm(x)).chunk(2, dim=-1)
+        return x + linear(self.down, self.act(gate) * up)
 
 
 class LlamaModel(nn.Module):

@@ -1,0 +1,89 @@
+"""The own backbones' CPU linear (oneDNN, prepacked), against float64 references and its fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedcli.models import gemm
+from embedcli.models.gemm import gelu_tanh, linear
+
+pytestmark = pytest.mark.skipif(not gemm.onednn_available(), reason="torch built without oneDNN")
+
+
+def _layer(rows_in: int, rows_out: int, bias: bool = True, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    layer = nn.Linear(rows_in, rows_out, bias=bias).requires_grad_(False)
+    return layer
+
+
+def _ref(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x @ W^T + b in float64, written out."""
+    out = x.double() @ layer.weight.double().T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+def _erf_gelu64(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.erf(x / 2**0.5))
+
+
+def _tanh_gelu64(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    "act, ref_act",
+    [(None, lambda x: x), (F.gelu, _erf_gelu64), (gelu_tanh, _tanh_gelu64), (F.relu, lambda x: x.clamp_min(0)),
+     (torch.tanh, torch.tanh)],
+)
+def test_float32_linear_matches_float64(rows: int, bias: bool, act, ref_act) -> None:  # type: ignore[no-untyped-def]
+    layer = _layer(64, 96, bias)
+    x = torch.randn(rows, 64)
+    got = linear(layer, x, act)
+    assert got.dtype == torch.float32 and got.shape == (rows, 96)
+    torch.testing.assert_close(got.double(), ref_act(_ref(layer, x)), atol=2e-5, rtol=1e-5)
+
+
+def test_bf16_autocast_is_autocasts_own_linear() -> None:
+    layer = _layer(64, 96)
+    x = torch.randn(50, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = linear(layer, x), layer(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_packs_follow_the_weight() -> None:
+    """A weight written in place after the first call (a reload) is repacked, not served stale."""
+    layer = _layer(16, 8)
+    x = torch.randn(5, 16)
+    linear(layer, x)
+    layer.weight.mul_(2)
+    torch.testing.assert_close(linear(layer, x).double(), _ref(layer, x), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["empty", "grad", "quantized", "float64", "3d"],
+)
+def test_other_inputs_take_the_module_call(case: str) -> None:
+    layer = _layer(16, 8)
+    x = torch.randn(4, 16)
+    module: nn.Module = layer
+    if case == "empty":
+        x = x[:0]
+    elif case == "grad":
+        layer.requires_grad_(True)
+    elif case == "quantized":
+        module = torch.ao.quantization.quantize_dynamic(nn.Sequential(layer), {nn.Linear}, dtype=torch.qint8)[0]
+    elif case == "float64":
+        module, x = layer.double(), x.double()
+    elif case == "3d":
+        x = x[None]
+    got = linear(module, x, F.gelu)
+    assert "_embedcli_packed" not in module.__dict__
+    torch.testing.assert_close(got, F.gelu(module(x)))
