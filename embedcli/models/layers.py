@@ -21,7 +21,7 @@ from torch import nn
 # UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
 from embedcli.errors import UnsupportedCheckpoint
 from embedcli.models.gemm import gelu_tanh, linear
-from embedcli.models.packing import PackInfo, flash_attn_available, packed_attention
+from embedcli.models.packing import PackInfo, flash_attn_available, grouped_attention, packed_attention
 
 StateDict = dict[str, torch.Tensor]
 
@@ -165,28 +165,25 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Attention confined to each sequence, from a fused `[total, (heads + 2 kv_heads) * dim]` projection.
 
-    Returns `[total, heads * dim]`. A pack of several sequences is padded only here: the fused rows are
-    gathered once into `[batch, max_len, ...]`, SDPA runs with the key-padding mask (or `bias`, which
-    must carry it, see `packing.padded_bias`), and the real rows are gathered back.
+    Returns `[total, heads * dim]`. Sequences are padded only here, in groups of similar length (see
+    `packing.grouped_attention`): the fused rows are gathered once per group. `bias` is an additive
+    `[1, heads, max_len, max_len]` bias by relative position (MPNet), without the key padding.
     """
     kv = kv_heads or heads
     total = qkv.shape[0]
-    if pack.batch == 1 or (bias is None and flash_attn_available(qkv.device) and qkv.dtype != torch.float32):
+    if bias is None and flash_attn_available(qkv.device) and qkv.dtype != torch.float32:
         q, k, v = qkv.split([heads * head_dim, kv * head_dim, kv * head_dim], dim=-1)
         out = packed_attention(
             q.view(total, heads, head_dim), k.view(total, kv, head_dim), v.view(total, kv, head_dim),
-            pack, causal=causal, scale=scale, attn_bias=bias,
+            pack, causal=causal, scale=scale,
         )
         return out.reshape(total, heads * head_dim)
-    padded = qkv.index_select(0, pack.gather_index).view(pack.batch, pack.max_len, heads + 2 * kv, head_dim)
-    padded = padded.transpose(1, 2)  # [batch, heads + 2 kv, max_len, dim]
-    q, k, v = padded.split([heads, kv, kv], dim=1)
-    mask = bias if bias is not None else (None if causal else pack.key_mask)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=kv != heads
+    fused = qkv.view(total, heads + 2 * kv, head_dim)
+    out = grouped_attention(
+        [fused], lambda t: t[0].split([heads, kv, kv], dim=1), pack,  # type: ignore[return-value]
+        causal=causal, scale=scale, bias=bias, gqa=kv != heads,
     )
-    out = out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads * head_dim)
-    return out.index_select(0, pack.scatter_index)
+    return out.reshape(total, heads * head_dim)
 
 
 class EncoderLayer(nn.Module):

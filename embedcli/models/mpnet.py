@@ -15,7 +15,7 @@ from torch import nn
 
 from embedcli.models.bert import BertModel
 from embedcli.models.layers import JsonConfig, Weights
-from embedcli.models.packing import PackInfo, padded_bias
+from embedcli.models.packing import PackInfo
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
@@ -82,7 +82,7 @@ class MPNetModel(BertModel):
     ) -> torch.Tensor:
         """Last hidden states `[total, hidden]` of the packed sequences."""
         x = self.embed(input_ids, positions, None)
-        bias = padded_bias(self.position_bias(pack.max_len, x.dtype), pack)
+        bias = self.position_bias(pack.max_len, x.dtype)  # key padding folded in per group (varlen_attention)
         for layer in self.layers:
             x = layer(x, pack, bias)
         return x

@@ -8,9 +8,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embedcli.models.layers import varlen_attention
 from embedcli.models.packing import (
     ATTN_IMPLEMENTATION,
+    GROUP_LENGTH_RATIO,
     PackInfo,
+    length_groups,
     packed_attention,
     packed_attention_forward,
     padded_bias,
@@ -124,3 +127,85 @@ def test_registration_is_idempotent() -> None:
 
     assert register_packed_attention() == ATTN_IMPLEMENTATION == register_packed_attention()
     assert ATTN_IMPLEMENTATION in AttentionInterface._global_mapping
+
+
+# -- length groups: attention pads each group of similar lengths only ------------------------------------
+
+
+@given(lengths=st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=40))
+@settings(max_examples=80, deadline=None)
+def test_length_groups_cover_each_sequence_once_and_bound_padding(lengths: list[int]) -> None:
+    groups = length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    longest = [lengths[g[0]] for g in groups]
+    assert longest == sorted(longest, reverse=True)
+    for g in groups:
+        assert all(lengths[i] <= lengths[g[0]] for i in g)
+        assert min(lengths[i] for i in g) >= GROUP_LENGTH_RATIO * lengths[g[0]]
+
+
+@given(lengths=st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_group_index_maps_round_trip(lengths: list[int]) -> None:
+    pack = PackInfo.build(lengths)
+    flat = torch.arange(pack.total) + 100
+    seen = torch.zeros(pack.total, dtype=torch.long)
+    for group in pack.groups:
+        padded = flat.index_select(0, group.gather_index).view(group.batch, group.max_len)
+        back = padded.reshape(-1).index_select(0, group.scatter_index)
+        assert torch.equal(back, flat.index_select(0, group.rows))
+        seen.index_add_(0, group.rows, torch.ones_like(group.rows))
+        real = 0 if group.key_mask is None else int(group.key_mask.sum())
+        assert group.key_mask is None or real == len(group.rows)
+    assert bool((seen == 1).all())
+    whole = [g for g in pack.groups if g.whole]
+    assert len(whole) <= 1 and (not whole or len(pack.groups) == 1)
+
+
+def _reference64(q, k, v, lengths, causal, bias=None, scale=None):  # type: ignore[no-untyped-def]
+    """Softmax attention of each sequence alone, written out in float64."""
+    q, k, v = q.double(), k.double(), v.double()
+    reps = q.shape[1] // k.shape[1]
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    outs, start = [], 0
+    for n in lengths:
+        qs, ks, vs = (t[start : start + n].transpose(0, 1) for t in (q, k, v))  # [heads, n, dim]
+        ks, vs = ks.repeat_interleave(reps, 0), vs.repeat_interleave(reps, 0)
+        scores = qs @ ks.transpose(1, 2) * scale
+        if bias is not None:
+            scores = scores + bias[0, :, :n, :n].double()
+        if causal:
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        outs.append((scores.softmax(-1) @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(outs)
+
+
+MIXED = [[40, 3, 37, 2, 9, 31, 1], [2, 50], [7, 7, 7], [1], [33, 12, 30, 11, 4, 32]]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("lengths", MIXED)
+def test_grouped_attention_matches_float64_per_sequence(causal: bool, kv_heads: int, lengths: list[int]) -> None:
+    gen = torch.Generator().manual_seed(3)
+    total = sum(lengths)
+    q = torch.randn(total, 4, 8, generator=gen)
+    k, v = (torch.randn(total, kv_heads, 8, generator=gen) for _ in range(2))
+    pack = PackInfo.build(lengths)
+    got = packed_attention(q, k, v, pack, causal=causal, scale=0.3)
+    torch.testing.assert_close(got.double(), _reference64(q, k, v, lengths, causal, scale=0.3), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", MIXED)
+def test_varlen_attention_fused_qkv_with_relative_bias(lengths: list[int]) -> None:
+    """The own encoders' path: one fused projection, MPNet's relative bias cut to each group."""
+    gen = torch.Generator().manual_seed(4)
+    total, heads, dim = sum(lengths), 4, 8
+    qkv = torch.randn(total, 3 * heads * dim, generator=gen)
+    pack = PackInfo.build(lengths)
+    bias = torch.randn(1, heads, pack.max_len, pack.max_len, generator=gen)
+    got = varlen_attention(qkv, pack, heads, dim, bias=bias)
+    q, k, v = (t.reshape(total, heads, dim) for t in qkv.split(heads * dim, dim=-1))
+    want = _reference64(q, k, v, lengths, False, bias=bias).reshape(total, heads * dim)
+    torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
