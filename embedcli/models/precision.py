@@ -41,6 +41,10 @@ _HEAD_TASK = {
     "lm_score": "classify",
     "sparse": "sparse_embed",
 }
+# The forward's maths the probe judged: bump when a kernel changes what bf16 computes (2: oneDNN linears,
+# bf16 matmul attention on the CPU), so decisions cached by the same version are made again.
+KERNELS_REVISION = 2
+
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")  # `embedcli.models.loader.DTYPES`' keys
 
 
@@ -148,7 +152,7 @@ def decision_path(spec: ModelSpec, task: str, kind: str) -> Path:
     # The content hash covers config.json, tokenizer.json and the weights only; the config hash adds what
     # sentence-transformers' own files decide (pooling, Normalize, Dense, max length), which the probe's
     # outputs depend on as much as the weights do.
-    key = json.dumps([spec.content_hash, spec.config_hash(), task, kind, probe_length(spec), __version__, PROBE_VERSION])
+    key = json.dumps([spec.content_hash, spec.config_hash(), task, kind, probe_length(spec), __version__, PROBE_VERSION, KERNELS_REVISION])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     # The model hash leads the name so `info` can list every decision recorded for a model.
     return user_cache_dir("precision") / f"{spec.content_hash[:16]}-{digest}.json"

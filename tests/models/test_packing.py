@@ -8,11 +8,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embedcli.models import packing
 from embedcli.models.layers import varlen_attention
 from embedcli.models.packing import (
     ATTN_IMPLEMENTATION,
     GROUP_LENGTH_RATIO,
     PackInfo,
+    attend,
     length_groups,
     packed_attention,
     packed_attention_forward,
@@ -209,3 +211,67 @@ def test_varlen_attention_fused_qkv_with_relative_bias(lengths: list[int]) -> No
     q, k, v = (t.reshape(total, heads, dim) for t in qkv.split(heads * dim, dim=-1))
     want = _reference64(q, k, v, lengths, False, bias=bias).reshape(total, heads * dim)
     torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
+
+
+# -- bf16 on the CPU: matmul attention in chunks ------------------------------------------------------------
+
+
+def _bf16_case(batch: int, kv_heads: int, seed: int = 5):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 4, 24, 8, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, 24, 8, generator=gen) for _ in range(2))
+    return q, k, v
+
+
+def _sdpa64(q, k, v, mask, causal, scale):  # type: ignore[no-untyped-def]
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+    if causal:
+        scores = scores.masked_fill(torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("mask_kind", ["none", "keys", "additive"])
+def test_bf16_attention_matches_float64_within_bf16_rounding(causal: bool, kv_heads: int, mask_kind: str) -> None:
+    q, k, v = _bf16_case(3, kv_heads)
+    mask = None
+    if mask_kind == "keys":
+        mask = torch.ones(3, 1, 1, 24, dtype=torch.bool)
+        mask[1, ..., 17:] = False
+    elif mask_kind == "additive":
+        mask = torch.randn(1, 4, 24, 24, generator=torch.Generator().manual_seed(6))
+    got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, causal=causal, scale=0.3, gqa=kv_heads != 4)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    want = _sdpa64(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, causal, 0.3)
+    # bf16 scores and probabilities: a few units of bf16's 2^-8 on outputs of size ~1
+    torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=0)
+
+
+def test_bf16_attention_ignores_masked_keys_exactly() -> None:
+    q, k, v = (t.bfloat16() for t in _bf16_case(2, 4))
+    mask = torch.ones(2, 1, 1, 24, dtype=torch.bool)
+    mask[0, ..., 10:] = False
+    base = attend(q, k, v, mask, causal=False)
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, 10:], v2[0, :, 10:] = 300.0, 1e4
+    assert torch.equal(attend(q, k2, v2, mask, causal=False), base)
+
+
+def test_bf16_attention_chunks_give_the_unchunked_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = (t.bfloat16() for t in _bf16_case(5, 4))
+    whole = attend(q, k, v, None, causal=False)
+    monkeypatch.setattr(packing, "BF16_ATTENTION_CHUNK_SCORES", 4 * 24 * 24 * 2)  # two sequences per step
+    assert torch.equal(attend(q, k, v, None, causal=False), whole)
+
+
+def test_float32_and_long_sequences_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _bf16_case(2, 4)
+    torch.testing.assert_close(attend(q, k, v, None, causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    monkeypatch.setattr(packing, "BF16_ATTENTION_MAX_SCORES", 10)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    assert torch.equal(attend(qb, kb, vb, None, causal=False), F.scaled_dot_product_attention(qb, kb, vb))
