@@ -8,6 +8,10 @@ inspect, merge). Heavy imports happen inside the commands, so `--help` stays fas
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
+
 from embedcli.cli import batch, compute, families, search, tools
 from embedcli.cli.app import app
 
@@ -16,4 +20,29 @@ __all__ = ["app", "batch", "compute", "families", "main", "search", "tools"]
 
 def main() -> None:
     """Console entry point."""
-    app()
+    try:
+        app()
+    except SystemExit as stop:
+        _exit(stop.code)
+
+
+def _exit(code: object) -> None:
+    """Leave with `code`; once torch is loaded, without tearing the interpreter down.
+
+    Every output is committed (renamed, fsynced) before this point, so what is left is the
+    interpreter's teardown of its modules, which with torch loaded takes ~0.4 s (`python -c
+    "import torch"` 1.2 s vs 0.85 s with `os._exit`), a third of a one-row run. Exit handlers
+    (atexit, weakref finalizers: temp dirs, logging, Ray) still run and stdio is flushed first.
+    """
+    if "torch" not in sys.modules:
+        raise SystemExit(code)
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe, a closed stream: nothing left to deliver
+            pass
+    os._exit(code or 0)

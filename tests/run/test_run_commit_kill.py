@@ -31,7 +31,7 @@ OLD_ROWS = NEW_ROWS  # same row count: only the bytes tell old from new (issue 1
 # or minus the signal that ended the child}. With `count`, the child writes there each step's call and
 # the path it renamed onto or fsynced.
 SERVER = r"""
-import json, os, signal, sys, traceback
+import atexit, json, os, signal, sys, traceback
 import embedcli.cli
 
 def fd_path(fd):
@@ -55,6 +55,20 @@ def child(req):
         setattr(os, name, step)
     for name in ("rename", "replace", "fsync"):
         wrap(name)
+    reported = []
+
+    def report():
+        # also an exit handler: once torch is loaded, main() leaves by os._exit after running them
+        if reported:
+            return
+        reported.append(True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if req["count"]:
+            with open(req["count"], "w") as f:
+                json.dump([(name, os.fsdecode(p)) for name, p in steps], f)
+
+    atexit.register(report)
     sys.argv = ["embedcli", *req["argv"]]
     code = 0
     try:
@@ -64,11 +78,7 @@ def child(req):
     except BaseException:
         traceback.print_exc()
         code = 99
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if req["count"]:
-        with open(req["count"], "w") as f:
-            json.dump([(name, os.fsdecode(p)) for name, p in steps], f)
+    report()
     return code
 
 for line in sys.stdin:
