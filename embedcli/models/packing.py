@@ -228,6 +228,8 @@ def attend(
         future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
         causal_bias = torch.zeros(length, length, dtype=q.dtype, device=q.device).masked_fill_(future, float("-inf"))
         mask = causal_bias if mask is None else mask + causal_bias
+    if mask is not None:
+        mask = mask.to(q.dtype).reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # [batch|1, heads|1, len|1, len]
     alpha = dim**-0.5 if scale is None else scale
     out = q.new_empty(batch, heads, length, dim)
     step = max(1, BF16_ATTENTION_CHUNK_SCORES // per_sequence)
@@ -235,9 +237,13 @@ def attend(
         b1 = min(batch, b0 + step)
         rows = (b1 - b0) * heads
         q3, k3, v3 = (t[b0:b1].to(q.dtype).reshape(rows, length, dim) for t in (q, k, v))
-        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(alpha)
+        # The mask (or nothing, beta=0) is the matmul's input: scale and mask in the one pass that writes scores.
+        base, beta = q3.new_zeros(1, 1, 1), 0.0
         if mask is not None:
-            scores.view(b1 - b0, heads, length, length).add_(mask[b0:b1] if mask.shape[0] == batch else mask)
+            part = mask[b0:b1] if mask.shape[0] == batch else mask
+            base = part.expand(b1 - b0, heads, part.shape[2], length).reshape(rows, part.shape[2], length)
+            beta = 1.0
+        scores = torch.baddbmm(base, q3, k3.transpose(1, 2), beta=beta, alpha=alpha)
         # bf16 in, bf16 out: the kernel sums in float32 and rounds the probabilities once.
         torch.bmm(torch.softmax(scores, dim=-1), v3, out=out[b0:b1].view(rows, length, dim))
     return out

@@ -42,8 +42,8 @@ _HEAD_TASK = {
     "sparse": "sparse_embed",
 }
 # The forward's maths the probe judged: bump when a kernel changes what bf16 computes (2: oneDNN linears,
-# bf16 matmul attention on the CPU), so decisions cached by the same version are made again.
-KERNELS_REVISION = 2
+# bf16 matmul attention on the CPU; 3: its scale and mask ride in the first matmul), so decisions cached by the same version are made again.
+KERNELS_REVISION = 3
 
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")  # `embedcli.models.loader.DTYPES`' keys
 
