@@ -41,8 +41,9 @@ _HEAD_TASK = {
     "lm_score": "classify",
     "sparse": "sparse_embed",
 }
-# The forward's maths the probe judged: bump when a kernel changes what bf16 computes (2: oneDNN linears,
-# bf16 matmul attention on the CPU; 3: its scale and mask ride in the first matmul), so decisions cached by the same version are made again.
+# The forward's maths the probe judged: bump when a kernel changes what bf16 computes, so decisions cached
+# by the same version are made again (2: oneDNN linears, bf16 matmul attention on the CPU; 3: its scale
+# and mask ride in the first matmul).
 KERNELS_REVISION = 3
 
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")  # `embedcli.models.loader.DTYPES`' keys
