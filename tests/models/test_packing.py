@@ -269,9 +269,12 @@ def test_bf16_attention_chunks_give_the_unchunked_bits(monkeypatch: pytest.Monke
     assert torch.equal(attend(q, k, v, None, causal=False), whole)
 
 
-def test_float32_and_long_sequences_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_float32_additive_biases_and_long_sequences_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _bf16_case(2, 4)
     torch.testing.assert_close(attend(q, k, v, None, causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    monkeypatch.setattr(packing, "BF16_ATTENTION_MAX_SCORES", 10)
+    # a float bias (MPNet) stays float32 inside SDPA rather than being rounded with bf16 scores
+    bias = torch.randn(1, 4, 24, 24, generator=torch.Generator().manual_seed(7))
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    assert torch.equal(attend(qb, kb, vb, bias, causal=False), F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias))
+    monkeypatch.setattr(packing, "BF16_ATTENTION_MAX_SCORES", 10)
     assert torch.equal(attend(qb, kb, vb, None, causal=False), F.scaled_dot_product_attention(qb, kb, vb))
