@@ -133,21 +133,40 @@ def model_flops_per_token(config: Any, mean_attended: float) -> float:
 
 
 def matmul_peak(config: Any, dtype: Any, tokens: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s this process reaches on the model's own linear shapes (the roofline's ceiling)."""
+    """FLOP/s this process reaches on the model's own linear shapes (the roofline's ceiling).
+
+    The best of torch's matmul and the own backbones' linear (`embedcli.models.gemm`: oneDNN on the CPU,
+    where torch's float32 matmul takes MKL's slow path on non-Intel CPUs and would understate the ceiling).
+    """
     import torch
+    from torch import nn
+
+    from embedcli.models.gemm import linear
 
     hidden = int(config.hidden_size)
     inter = int(getattr(config, "intermediate_size", 4 * hidden))
     shapes = [(hidden, hidden)] * 4 + [(hidden, inter), (inter, hidden)]
     mats = [(torch.randn(tokens, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for k, n in shapes]
-    for a, b in mats:
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+    layers = [nn.Linear(k, n, bias=False).requires_grad_(False) for k, n in shapes]
+    inputs = [torch.randn(tokens, k) for k, _ in shapes]
+    cpu_bf16 = dtype == torch.bfloat16 and inputs[0].device.type == "cpu"
+
+    def plain() -> None:
         for a, b in mats:
             a @ b
-        best = min(best, time.perf_counter() - start)
+
+    def own() -> None:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_bf16):
+            for layer, x in zip(layers, inputs, strict=True):
+                linear(layer, x)
+
+    best = float("inf")
+    for run in (plain, own) if dtype in (torch.float32, torch.bfloat16) else (plain,):
+        run()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
     flops = sum(2.0 * tokens * k * n for k, n in shapes)
     return flops / best
 
