@@ -136,7 +136,7 @@ def pair_recipe(spec: ModelSpec, choice: ModelChoice, opts: PairOptions, method:
         mean, sigma = calibration(spec)
         extra = {"logit_mean": mean, "logit_sigma": sigma, "activation": "none" if opts.raw_scores else None}
     options = RunnerOptions(
-        task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,  # type: ignore[arg-type]
+        task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
         long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
         strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
     )
