@@ -14,6 +14,7 @@ from embedcli.compute.choice import require_task
 from embedcli.compute.options import RunnerOptions, TokenRows
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
+from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
@@ -150,7 +151,7 @@ class LabelColumns:
             return self.activation(torch.from_numpy(kept)).numpy()
 
 
-def checked_label_columns(spec: Any, opts: TokenOptions) -> tuple[int, ...]:
+def checked_label_columns(spec: ModelSpec, opts: TokenOptions) -> tuple[int, ...]:
     """`--returned-token-ids` as label columns; UsageError for a label the model does not have."""
     columns = tuple(opts.returned_token_ids or ())
     bad = [j for j in columns if not 0 <= j < spec.num_labels]
@@ -218,7 +219,7 @@ class TokenClassifyCodec:
         return self.table(empty_batch(self.keep_cols), TokenRows([], []))
 
 
-def token_recipe(task: str, command: str, spec: Any, choice: ModelChoice, opts: TokenOptions) -> RunnerRecipe:
+def token_recipe(task: str, command: str, spec: ModelSpec, choice: ModelChoice, opts: TokenOptions) -> RunnerRecipe:
     """The recipe of a token task's runner: its results carry each row's token ids (`TokenRows`)."""
     if opts.long_inputs == "chunk":
         raise UsageError(f"{command}: --long-inputs chunk applies to embed only; use truncate or error")
