@@ -157,6 +157,13 @@ def document_prompt(prompts: dict[str, str]) -> str:
     return ""
 
 
+def pair_prompts(method: str, prompts: dict[str, str]) -> tuple[str, str]:
+    """(query prompt, document prompt) a pair method puts before each side; none for a cross-encoder."""
+    if method == "cross-encoder":
+        return "", ""
+    return prompts.get("query", ""), document_prompt(prompts)
+
+
 class PairScorer:
     """Scores pairs with one runner: builds the runner's inputs and turns its results into scores."""
 
@@ -173,9 +180,7 @@ class PairScorer:
         self.similarity = similarity
         # Cross-encoders whose pair is one templated prompt (LLM rerankers); None: a tokenizer text pair.
         self.pair_format = pair_format
-        prompts = prompts or {}
-        self.query_prompt = prompts.get("query", "") if method != "cross-encoder" else ""
-        self.doc_prompt = document_prompt(prompts) if method != "cross-encoder" else ""
+        self.query_prompt, self.doc_prompt = pair_prompts(method, prompts or {})
         spec = getattr(getattr(runner, "model", None), "spec", None)
         if (self.query_prompt or self.doc_prompt) and spec is not None and not spec.include_prompt:
             # The prompts are prepended here, per side; the runner could not leave their tokens out of pooling.

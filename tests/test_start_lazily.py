@@ -191,3 +191,120 @@ def test_a_model_that_loads_otherwise_than_planned_stops_the_run(
     assert result.exit_code != 0
     assert "differs from its plan in ['embedcli.dtype_reason']" in str(result.exception)
     assert not out.exists()
+
+
+def test_known_activations_are_torch_module_classes() -> None:
+    # A spec names one of these without importing torch: each must be what importing it would check.
+    import importlib
+
+    import torch
+
+    from embedcli.models.st_config import _KNOWN_ACTIVATIONS
+
+    for name in _KNOWN_ACTIVATIONS:
+        module, _, cls = name.rpartition(".")
+        assert issubclass(getattr(importlib.import_module(module), cls), torch.nn.Module), name
+
+
+# -- the other compute commands: score, token-embed, token-classify, sparse-embed (and embed with a Dense) ---------------------------
+# Each case: the command, the model (a checkpoint saved the way users get it), its flags, and the flags of a
+# changed config. `rerank` and `search` are not here: they write their output once, from a whole scan, and
+# have no complete-output rerun to skip (see embedcli.tasks.search's docstring).
+CASES: dict[str, tuple[str, str, list[str], list[str]]] = {
+    "score-cross-encoder": ("score", "cross-encoder", [], ["--raw-scores"]),
+    "score-cosine": ("score", "bi-encoder", [], ["--method", "maxsim"]),
+    "score-maxsim": ("score", "bi-encoder", ["--method", "maxsim", "--raw-scores"], ["--method", "maxsim"]),
+    "score-llm-reranker": ("score", "llm-reranker", [], ["--max-length", "32"]),
+    "score-sparse": ("score", "splade", [], ["--raw-scores"]),
+    "token-embed": ("token-embed", "bi-encoder", [], ["--no-normalize"]),
+    "token-embed-dims": ("token-embed", "bi-encoder", ["--dimensions", "16", "--no-normalize"], ["--dimensions", "8"]),
+    "token-classify": ("token-classify", "token-classifier", [], ["--activation", "sigmoid"]),
+    "token-classify-all": ("token-classify", "token-classifier", ["--all-scores", "--keep-special"], ["--all-scores"]),
+    "sparse-embed": ("sparse-embed", "splade", [], ["--sparse-top-k", "3"]),
+    "sparse-embed-tokens": ("sparse-embed", "splade", ["--with-tokens"], []),
+    "embed-dense": ("embed", "dense", [], ["--no-normalize"]),  # a Dense module's activation_function (Tanh)
+}
+
+
+@pytest.fixture(scope="module")
+def families(
+    tiny_model: Callable[[str], Path], st_model: Path, made: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The models of `CASES`, a corpus of pairs and texts, and each case's complete output (made in-process)."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    from embedcli.cli import app
+    from tests.fixtures.tiny_families import build_llm_reranker, build_splade
+    from tests.fixtures.tiny_models import copy_model
+
+    root = tmp_path_factory.mktemp("lazy_families")
+    torch.manual_seed(7)
+    CrossEncoder(str(tiny_model("bert")), num_labels=1, device="cpu").save_pretrained(str(root / "cross-encoder"))
+    token_classifier = copy_model(tiny_model("bert"), root / "token-classifier")
+    transformers.BertForTokenClassification.from_pretrained(
+        str(tiny_model("bert")), num_labels=3, id2label={0: "O", 1: "B-X", 2: "I-X"}, label2id={"O": 0, "B-X": 1, "I-X": 2}
+    ).save_pretrained(str(token_classifier))
+    paths = {
+        "cross-encoder": root / "cross-encoder",
+        "bi-encoder": st_model,
+        "llm-reranker": build_llm_reranker("qwen3", root / "llm")[1],
+        "splade": build_splade(root / "splade"),
+        "token-classifier": token_classifier,
+        "dense": tiny_model("bert-st-dense"),
+        "cache": made["cache"],
+    }
+    corpus = root / "pairs.jsonl"
+    rows = [{"id": str(i), "text": f"row number {i}", "left": f"query {i}", "right": f"the answer is {i}"} for i in range(5)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    paths["corpus"] = corpus
+    runner = CliRunner()
+    for case in CASES:
+        out = root / f"{case}.parquet"
+        result = runner.invoke(app, [*case_args(paths, case, out), "-q"], env={"EMBEDCLI_CACHE_DIR": str(made["cache"])})
+        assert result.exit_code == 0, (case, result.output, result.exception)
+        paths[case] = out
+    return paths
+
+
+def case_args(paths: dict[str, Path], case: str, out: Path, changed: bool = False) -> list[str]:
+    """The command line of `case` writing `out` (with the flags of the changed config when `changed`)."""
+    command, model, flags, other = CASES[case]
+    return [command, str(paths["corpus"]), "-m", str(paths[model]), "-o", str(out), "--dtype", "float32",
+            *(other if changed else flags)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_other_commands_noop_rerun_does_not_import_torch(families: dict[str, Path], case: str) -> None:
+    out = families[case]
+    before = out.read_bytes()
+    result = fresh(families["cache"], *case_args(families, case, out))
+    assert result.returncode == 0, result.stderr
+    assert "is already complete" in result.stderr and "nothing to do" in result.stderr
+    assert not imported_torch(result)
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_other_commands_config_mismatch_is_refused_without_importing_torch(families: dict[str, Path], case: str) -> None:
+    out = families[case]
+    before = out.read_bytes()
+    result = fresh(families["cache"], *case_args(families, case, out, changed=True))
+    assert result.returncode == 2, result.stderr
+    assert "different config" in result.stderr
+    assert not imported_torch(result)
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_other_commands_with_work_load_the_model_and_write_the_same_bytes(
+    families: dict[str, Path], case: str, tmp_path: Path
+) -> None:
+    # The loaded runner's provenance is checked against the planned one (an internal error otherwise), and the
+    # rows must be those of the in-process run that made the complete output.
+    out = tmp_path / f"{case}.parquet"
+    result = fresh(families["cache"], *case_args(families, case, out), "-q")
+    assert result.returncode == 0, result.stderr
+    assert imported_torch(result)
+    assert out.read_bytes() == families[case].read_bytes()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import numpy as np
 
 from embedcli.errors import UsageError
 
@@ -64,3 +67,16 @@ class RunStats:
             "solo_rows": self.solo_rows,
             "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
         }
+
+
+@dataclass
+class TokenRows:
+    """A token task's result for one batch: each row's token ids and its per-token matrix."""
+
+    ids: list[np.ndarray]
+    values: list[np.ndarray]
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenRows]) -> TokenRows:
+        """The rows of several batches' results, in order."""
+        return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS, RunnerOptions, RunStats
+from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS, RunnerOptions, RunStats, TokenRows
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
@@ -28,19 +28,6 @@ TextInput = str | tuple[str, str]
 # Token budget of one packed forward by device: on CPU a few thousand tokens keep the working set
 # in cache (16k is 15-20% slower); a GPU wants larger forwards to fill its cores (on an H200,
 # all-MiniLM-L6-v2 in bf16 ran 2.5x faster at 64k tokens than at 16k).
-
-
-@dataclass
-class TokenRows:
-    """A token task's result for one batch: each row's token ids and its per-token matrix."""
-
-    ids: list[np.ndarray]
-    values: list[np.ndarray]
-
-    @classmethod
-    def concat(cls, parts: Sequence[TokenRows]) -> TokenRows:
-        """The rows of several batches' results, in order."""
-        return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values])
 
 
 @dataclass

@@ -67,6 +67,18 @@ MODE_TYPES = {
 }
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 _ACTIVATION_PREFIX = "torch.nn.modules."
+# The activations sentence-transformers writes (Dense's Tanh, CrossEncoder's Sigmoid / Identity) and their
+# common kin: torch.nn module classes since torch 1.x, so a spec naming one is read without importing torch
+# (a rerun that finds its output complete never loads it); any other name is checked by importing it.
+_KNOWN_ACTIVATIONS = frozenset(
+    [
+        "torch.nn.modules.linear.Identity",
+        *(
+            f"torch.nn.modules.activation.{name}"
+            for name in ("Tanh", "Sigmoid", "Softmax", "ReLU", "GELU", "SiLU", "LeakyReLU", "ELU", "Softplus")
+        ),
+    ]
+)
 
 
 def read_json(path: Path) -> Any:
@@ -126,6 +138,8 @@ def check_activation(name: object, path: Path, key: str) -> str:
         raise ConfigRefusedError(
             f"{path}: {key} {name!r} is refused: only torch.nn.modules.* activation classes are loaded"
         )
+    if name in _KNOWN_ACTIVATIONS:
+        return name
     from torch import nn  # here: `info` and the run plan read this module without torch
 
     module_name, _, class_name = name.rpartition(".")

@@ -80,9 +80,14 @@ def load_spec(choice: ModelChoice) -> ModelSpec:
     )
 
 
+def runner_recipe(spec: ModelSpec, choice: ModelChoice, runner_options: RunnerOptions, **task_options: Any) -> RunnerRecipe:
+    """The recipe of a runner of `spec` with the choice's device/dtype and task options."""
+    return RunnerRecipe(spec, choice.options(**task_options), runner_options)
+
+
 def build(spec: ModelSpec, choice: ModelChoice, runner_options: RunnerOptions, **task_options: Any) -> Runner:
     """Load `spec`'s weights with the choice's device/dtype and task options, and build the runner."""
-    return build_runner(RunnerRecipe(spec, choice.options(**task_options), runner_options))
+    return build_runner(runner_recipe(spec, choice, runner_options, **task_options))
 
 
 def activation(name: str) -> str | None:
@@ -154,17 +159,24 @@ def planned_provenance(
 
 
 def planned_engine(
-    recipe: RunnerRecipe, flags: RunFlags, extra: dict[str, Any] | None = None
+    recipe: RunnerRecipe,
+    flags: RunFlags,
+    extra: dict[str, Any] | None = None,
+    loaded: Callable[[Runner], None] | None = None,
 ) -> tuple[Engine, dict[str, str], RunnerPlan]:
     """The engine of `recipe`, the provenance its outputs carry, and what its runner resolves to.
 
     When the plan is decidable without the model (`embedcli.compute.plan`), the engine is built on first use
     (`LazyEngine`): a rerun whose output is complete or made otherwise ends before torch is imported. Else
     (an `auto` dtype not probed yet on this machine, or a GPU that may be there) the model loads now.
+    `loaded(runner)` is called once the runner is built: a task makes there what needs the loaded model
+    (its tokenizer's special ids, a pair scorer), so that too waits until there is work.
     """
     plan = plan_runner(recipe)
     if plan is None:
         runner = build_runner(recipe)
+        if loaded is not None:
+            loaded(runner)
         return engine_for(runner, flags), provenance(runner.model, runner, extra), RunnerPlan.of(runner)
     meta = planned_provenance(recipe.model_spec, plan, recipe.runner_options, extra)
 
@@ -174,6 +186,8 @@ def planned_engine(
         if built != meta:  # the output was checked against the plan: a difference is a bug in the plan
             changed = sorted(k for k in meta if built.get(k) != meta[k])
             raise RuntimeError(f"embedcli: internal error: the loaded model differs from its plan in {changed}")
+        if loaded is not None:
+            loaded(runner)
         return engine_for(runner, flags)
 
     # A plan exists only for the CPU (`plan_runner`), so the budget is the CPU's unless given.

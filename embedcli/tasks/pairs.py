@@ -7,13 +7,14 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
+from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.choice import can_do
-from embedcli.compute.runner import Runner, RunnerOptions
+from embedcli.compute.options import RunnerOptions
 from embedcli.errors import EXIT_OK, InputError, UsageError
 from embedcli.io.reader_base import id_array
 from embedcli.io.readers import read_inputs
@@ -35,18 +36,21 @@ from embedcli.run.source import (
     with_kept,
 )
 from embedcli.run.target import check_target
-from embedcli.scoring import METHODS, PairScorer, TopN
+from embedcli.scoring import METHODS, PairScorer, TopN, pair_prompts
 from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
     RowInputs,
-    build,
     calibration,
-    engine_for,
     load_spec,
     make_job,
+    planned_engine,
     provenance,
+    runner_recipe,
 )
+
+if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
+    from embedcli.compute.runner import Runner
 
 PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed", "sparse": "sparse_embed"}
 
@@ -125,47 +129,74 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
     raise UsageError(f"{command}: model {spec.name!r} cannot score pairs with method {method!r}: {why}; {can_do(spec)}")
 
 
-def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[Runner, PairScorer]:
-    """The runner and scorer of `score` / `rerank` for the model's pair method."""
-    spec = load_spec(choice)
-    method = resolve_method(spec, opts.method, command)
+def pair_recipe(spec: ModelSpec, choice: ModelChoice, opts: PairOptions, method: str) -> RunnerRecipe:
+    """The recipe of the runner that scores `score` / `rerank` pairs with `method` (`resolve_method`)."""
     extra: dict[str, Any] = {}
     if method == "cross-encoder":
         mean, sigma = calibration(spec)
         extra = {"logit_mean": mean, "logit_sigma": sigma, "activation": "none" if opts.raw_scores else None}
-    runner = build(
-        spec, choice,
-        RunnerOptions(
-            task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
-            long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
-            strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
-        ),
-        **extra,
+    options = RunnerOptions(
+        task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
+        long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+        strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
     )
-    # `--method auto` scores a bi-encoder as its own `model.similarity`; an explicit `--method cosine` is cosine.
-    similarity = spec.similarity_fn_name if opts.method == "auto" else "cosine"
+    return runner_recipe(spec, choice, options, **extra)
+
+
+def similarity_of(spec: ModelSpec, opts: PairOptions) -> str:
+    """The bi-encoder similarity: `--method auto` scores as the model's own `model.similarity`, an explicit
+    `--method cosine` is cosine."""
+    return spec.similarity_fn_name if opts.method == "auto" else "cosine"
+
+
+def make_scorer(runner: Runner, method: str, opts: PairOptions) -> PairScorer:
+    """The scorer of `method` on a built runner."""
+    spec = runner.model.spec
     # An LLM reranker's pair is one prompt (template or chat template), its document cut to keep the suffix.
     pair_format = pair_formatter(runner.model, runner.max_length, truncate=opts.long_inputs == "truncate")
-    return runner, PairScorer(runner, method, dict(spec.prompts), similarity, pair_format)
+    return PairScorer(runner, method, dict(spec.prompts), similarity_of(spec, opts), pair_format)
+
+
+def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[Runner, PairScorer]:
+    """The runner (its model loaded now) and scorer of `score` / `rerank` for the model's pair method."""
+    spec = load_spec(choice)
+    method = resolve_method(spec, opts.method, command)
+    runner = build_runner(pair_recipe(spec, choice, opts, method))
+    return runner, make_scorer(runner, method, opts)
 
 
 # -- score ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass
 class ScoreCodec:
-    """Rows of `score`: id, score, kept columns; one left text against every row, or a left and right column."""
+    """Rows of `score`: id, score, kept columns; one left text against every row, or a left and right column.
 
-    scorer: PairScorer
+    Its scorer (and the encoded `--left`) need the model: `load` sets them once it loads, when there is work.
+    """
+
     opts: ScoreOptions
-    left_encoded: Any = None
     keep_cols: tuple[str, ...] = ()
+    scorer: PairScorer | None = None
+    left_encoded: Any = None
+
+    def load(self, runner: Runner, method: str) -> None:
+        """Make the scorer of the built runner (and encode `--left` once)."""
+        self.scorer = make_scorer(runner, method, self.opts)
+        if self.opts.left is not None:
+            self.left_encoded = self.scorer.encode_queries([self.opts.left])
+
+    def _scorer(self) -> PairScorer:
+        if self.scorer is None:
+            raise RuntimeError("score: rows asked of the codec before its model loaded")
+        return self.scorer
 
     def inputs(self, batch: Any) -> RowInputs:
         """The batch's pairs (or right texts) as the runner's inputs."""
         n = len(batch.ids)
+        scorer = self._scorer()
         if self.opts.left is not None:
-            return RowInputs(self.scorer.doc_inputs([self.opts.left], batch.texts), batch)
+            return RowInputs(scorer.doc_inputs([self.opts.left], batch.texts), batch)
         rights = batch.extra_texts[self.opts.right_col]  # nulls were set aside by the run's row checks
-        return RowInputs(self.scorer.pair_inputs(batch.texts, rights), batch, row_of=lambda i: i % max(n, 1))
+        return RowInputs(scorer.pair_inputs(batch.texts, rights), batch, row_of=lambda i: i % max(n, 1))
 
     def table(self, batch: Any, result: Any) -> Any:
         """The output rows of a batch."""
@@ -173,9 +204,9 @@ class ScoreCodec:
         if not n:
             scores = np.zeros(0, np.float32)
         elif self.opts.left is not None:
-            scores = self.scorer.score_matrix(self.left_encoded, result, 1, n)[0]
+            scores = self._scorer().score_matrix(self.left_encoded, result, 1, n)[0]
         else:
-            scores = self.scorer.pair_scores(result, n)
+            scores = self._scorer().pair_scores(result, n)
         columns = {"id": id_column(batch), "score": pa.array(scores, pa.float32())}
         return pa.table(with_kept(columns, batch, self.keep_cols))
 
@@ -190,19 +221,25 @@ def run_score(
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    runner, scorer = pair_scorer(choice, opts, "score")
+    spec = load_spec(choice)
+    method = resolve_method(spec, opts.method, "score")
+    recipe = pair_recipe(spec, choice, opts, method)
     if opts.left is not None:
         source = BatchSource(replace(inputs, text_col=opts.right_col))
-        left_encoded = scorer.encode_queries([opts.left])
     else:
         source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
-        left_encoded = None
-    codec = ScoreCodec(scorer, opts, left_encoded, tuple(inputs.keep_cols))
-    model = runner.model
-    meta = provenance(model, runner, {"method": scorer.method, "raw_scores": opts.raw_scores, "left": opts.left,
-                                      "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt,
-                                      "logit_mean": model.options.logit_mean, "logit_sigma": model.options.logit_sigma})
-    return run_job(make_job(source, engine_for(runner, flags), codec, meta, output, flags))
+    codec = ScoreCodec(opts, tuple(inputs.keep_cols))
+    query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
+    model_options = recipe.model_options
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(
+        recipe, flags,
+        {"method": method, "raw_scores": opts.raw_scores, "left": opts.left, "query_prompt": query_prompt,
+         "document_prompt": doc_prompt, "logit_mean": model_options.logit_mean,
+         "logit_sigma": model_options.logit_sigma},
+        loaded=lambda runner: codec.load(runner, method),
+    )
+    return run_job(make_job(source, engine, codec, meta, output, flags))
 
 
 # -- rerank --------------------------------------------------------------------------------------------

@@ -13,15 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from embedcli.compute.choice import embed_prompt, require_task
-from embedcli.compute.runner import RunnerOptions
+from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
-from embedcli.models.loader import LoadedModel
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, kept_columns
@@ -30,14 +29,17 @@ from embedcli.scoring import SparseVector
 from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
-    build,
-    engine_for,
     load_spec,
     located,
     make_job,
-    provenance,
+    planned_engine,
+    runner_recipe,
 )
 from embedcli.tasks.tokens import list_column
+
+if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
+    from embedcli.compute.runner import Runner
+    from embedcli.models.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,21 @@ def sparse_columns(rows: Sequence[SparseVector], vocab: Sequence[str] | None = N
     return columns
 
 
-@dataclass(frozen=True)
+@dataclass
 class SparseCodec:
-    """Rows of `sparse-embed`: id, indices, values, [tokens], kept columns."""
+    """Rows of `sparse-embed`: id, indices, values, [tokens], kept columns.
 
-    vocab: tuple[str, ...] | None = None
+    With `with_tokens` the vocabulary is the model's tokenizer's: `load` reads it once the model loads.
+    """
+
+    with_tokens: bool = False
     keep_cols: tuple[str, ...] = ()
+    vocab: tuple[str, ...] | None = None
+
+    def load(self, runner: Runner) -> None:
+        """Take the vocabulary of the built runner's tokenizer (with `with_tokens`)."""
+        if self.with_tokens:
+            self.vocab = vocabulary(runner.model)
 
     def inputs(self, batch: Any) -> Any:
         """The batch's texts."""
@@ -79,7 +90,8 @@ class SparseCodec:
 
     def table(self, batch: Any, rows: Sequence[SparseVector]) -> Any:
         """The output rows of a batch."""
-        columns = {"id": id_column(batch), **sparse_columns(list(rows), self.vocab)}
+        vocab = (self.vocab or ()) if self.with_tokens else None
+        columns = {"id": id_column(batch), **sparse_columns(list(rows), vocab)}
         columns.update(kept_columns(batch, self.keep_cols))
         return pa.table(columns)
 
@@ -114,7 +126,7 @@ def run_sparse_embed(
     _check(opts, output)
     spec = load_spec(choice)
     require_task(spec, "sparse_embed", "sparse-embed")
-    runner = build(
+    recipe = runner_recipe(
         spec, choice,
         RunnerOptions(
             task="sparse_embed", max_batch_tokens=opts.max_batch_tokens, strip=opts.strip,
@@ -123,12 +135,13 @@ def run_sparse_embed(
         ),
         sparse_top_k=opts.top_k,
     )
-    vocab = vocabulary(runner.model) if opts.with_tokens else None
-    codec = SparseCodec(vocab, tuple(inputs.keep_cols))
+    codec = SparseCodec(opts.with_tokens, tuple(inputs.keep_cols))
     top_k = opts.top_k if opts.top_k is not None else spec.sparse_top_k
-    meta = provenance(
-        runner.model, runner,
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(
+        recipe, flags,
         {"sparse_pooling": spec.sparse_pooling, "sparse_activation": spec.sparse_activation,
          "sparse_top_k": top_k, "with_tokens": opts.with_tokens, "vocab_size": spec.embedding_size},
+        loaded=codec.load,
     )
-    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))

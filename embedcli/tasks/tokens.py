@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
+from embedcli.compute.build import RunnerRecipe
 from embedcli.compute.choice import require_task
-from embedcli.compute.runner import Runner, RunnerOptions, TokenRows
+from embedcli.compute.options import RunnerOptions, TokenRows
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
-from embedcli.pooling import get_activation, resolve_classifier_activation
+from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
@@ -23,14 +23,18 @@ from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
     activation,
-    build,
     calibration,
-    engine_for,
     load_spec,
     located,
     make_job,
-    provenance,
+    planned_engine,
+    runner_recipe,
 )
+
+if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
+    import torch
+
+    from embedcli.compute.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,21 @@ def list_column(parts: Sequence[np.ndarray], typ: Any) -> Any:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, typ))
 
 
-@dataclass(frozen=True)
+@dataclass
 class TokenEmbedCodec:
-    """Rows of `token-embed`: id, token_ids, embeddings (list<fixed_size_list<float32>[d]>), kept columns."""
+    """Rows of `token-embed`: id, token_ids, embeddings (list<fixed_size_list<float32>[d]>), kept columns.
+
+    The tokenizer's special ids need the model: `load` sets them once it loads, when there is work.
+    """
 
     opts: TokenOptions
-    special: np.ndarray
     width: int
     keep_cols: tuple[str, ...] = ()
+    special: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def load(self, runner: Runner) -> None:
+        """Take the special ids of the built runner's tokenizer."""
+        self.special = special_ids(runner.model)
 
     def inputs(self, batch: Any) -> Any:
         """The batch's texts."""
@@ -134,18 +145,28 @@ class LabelColumns:
         kept = np.ascontiguousarray(x[:, list(self.columns)])
         if not len(kept) or self.activation is None:
             return kept
+        import torch  # loaded with the model already: an activation exists only once it is
+
         with torch.inference_mode():
             return self.activation(torch.from_numpy(kept)).numpy()
+
+
+def checked_label_columns(spec: ModelSpec, opts: TokenOptions) -> tuple[int, ...]:
+    """`--returned-token-ids` as label columns; UsageError for a label the model does not have."""
+    columns = tuple(opts.returned_token_ids or ())
+    bad = [j for j in columns if not 0 <= j < spec.num_labels]
+    if bad:
+        raise UsageError(f"--returned-token-ids {bad}: the model has labels 0..{spec.num_labels - 1}")
+    return columns
 
 
 def label_columns(model: Any, opts: TokenOptions) -> LabelColumns:
     """The `LabelColumns` of `--returned-token-ids` (UsageError for a label the model does not have)."""
     if not opts.returned_token_ids:
         return LabelColumns(None, None)
-    columns = tuple(opts.returned_token_ids)
-    bad = [j for j in columns if not 0 <= j < model.spec.num_labels]
-    if bad:
-        raise UsageError(f"--returned-token-ids {bad}: the model has labels 0..{model.spec.num_labels - 1}")
+    columns = checked_label_columns(model.spec, opts)
+    from embedcli.pooling import get_activation, resolve_classifier_activation  # torch: with the model
+
     name = activation(opts.activation)
     if name is None:
         act = resolve_classifier_activation(model.backbone.config, static_num_labels=False)
@@ -154,15 +175,24 @@ def label_columns(model: Any, opts: TokenOptions) -> LabelColumns:
     return LabelColumns(columns, act)
 
 
-@dataclass(frozen=True)
+@dataclass
 class TokenClassifyCodec:
-    """Rows of `token-classify`: id, token_ids, labels, scores, [probs], kept columns."""
+    """Rows of `token-classify`: id, token_ids, labels, scores, [probs], kept columns.
+
+    The tokenizer's special ids and the label columns' activation need the model: `load` sets them once it
+    loads, when there is work.
+    """
 
     opts: TokenOptions
-    special: np.ndarray
     label_names: np.ndarray
-    select: LabelColumns
     keep_cols: tuple[str, ...] = ()
+    special: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    select: LabelColumns = field(default_factory=lambda: LabelColumns(None, None))
+
+    def load(self, runner: Runner) -> None:
+        """Take the special ids and the label columns of the built runner's model."""
+        self.special = special_ids(runner.model)
+        self.select = label_columns(runner.model, self.opts)
 
     def inputs(self, batch: Any) -> Any:
         """The batch's texts."""
@@ -189,11 +219,10 @@ class TokenClassifyCodec:
         return self.table(empty_batch(self.keep_cols), TokenRows([], []))
 
 
-def token_runner(task: str, command: str, choice: ModelChoice, opts: TokenOptions) -> Runner:
-    """The runner of a token task: its results carry each row's token ids (`TokenRows`)."""
+def token_recipe(task: str, command: str, spec: ModelSpec, choice: ModelChoice, opts: TokenOptions) -> RunnerRecipe:
+    """The recipe of a token task's runner: its results carry each row's token ids (`TokenRows`)."""
     if opts.long_inputs == "chunk":
         raise UsageError(f"{command}: --long-inputs chunk applies to embed only; use truncate or error")
-    spec = load_spec(choice)
     require_task(spec, task, command)
     if opts.returned_token_ids and task != "token_classify":
         raise UsageError(f"{command}: --returned-token-ids selects label columns; it applies to token-classify")
@@ -212,7 +241,7 @@ def token_runner(task: str, command: str, choice: ModelChoice, opts: TokenOption
         normalize=opts.normalize if task == "token_embed" else None, dimensions=opts.dimensions,
         with_token_ids=True,
     )
-    return build(spec, choice, options, **extra)
+    return runner_recipe(spec, choice, options, **extra)
 
 
 def run_token_embed(
@@ -221,13 +250,17 @@ def run_token_embed(
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    runner = token_runner("token_embed", "token-embed", choice, opts)
-    model = runner.model
-    width = runner.params.dimensions or model.spec.embedding_size
-    codec = TokenEmbedCodec(opts, special_ids(model), width, tuple(inputs.keep_cols))
-    meta = provenance(model, runner, {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
-                                      "returned_token_ids": opts.returned_token_ids})
-    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))
+    spec = load_spec(choice)
+    recipe = token_recipe("token_embed", "token-embed", spec, choice, opts)
+    codec = TokenEmbedCodec(opts, recipe.runner_options.dimensions or spec.embedding_size, tuple(inputs.keep_cols))
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(
+        recipe, flags,
+        {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
+         "returned_token_ids": opts.returned_token_ids},
+        loaded=codec.load,
+    )
+    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
 
 
 def run_token_classify(
@@ -236,17 +269,20 @@ def run_token_classify(
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    runner = token_runner("token_classify", "token-classify", choice, opts)
-    model = runner.model
-    names = list(model.spec.id2label)
-    select = label_columns(model, opts)
+    spec = load_spec(choice)
+    recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
+    names = list(spec.id2label)
     if opts.returned_token_ids:
-        names = [names[j] for j in opts.returned_token_ids]
-    codec = TokenClassifyCodec(
-        opts, special_ids(model), np.asarray(names, dtype=object), select, tuple(inputs.keep_cols)
+        names = [names[j] for j in checked_label_columns(spec, opts)]
+    codec = TokenClassifyCodec(opts, np.asarray(names, dtype=object), tuple(inputs.keep_cols))
+    model_options = recipe.model_options
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(
+        recipe, flags,
+        {"activation": opts.activation, "labels": names, "keep_special": opts.keep_special,
+         "step_tag_id": opts.step_tag_id, "returned_token_ids": opts.returned_token_ids,
+         "all_scores": opts.all_scores, "logit_mean": model_options.logit_mean,
+         "logit_sigma": model_options.logit_sigma},
+        loaded=codec.load,
     )
-    meta = provenance(model, runner, {"activation": opts.activation, "labels": names,
-                                      "keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
-                                      "returned_token_ids": opts.returned_token_ids, "all_scores": opts.all_scores,
-                                      "logit_mean": model.options.logit_mean, "logit_sigma": model.options.logit_sigma})
-    return run_job(make_job(BatchSource(inputs), engine_for(runner, flags), codec, meta, output, flags))
+    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
