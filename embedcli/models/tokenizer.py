@@ -1,7 +1,8 @@
 """A model's fast tokenizer read straight from tokenizer.json, and its special tokens, without transformers.
 
-transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json (and as a lazy
-fallback for attributes this light view does not have).
+transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json, for decoder
+tokenizers that transformers rebuilds at load in ways not mirrored here (and as a lazy fallback for
+attributes this light view does not have).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tokenizers import Tokenizer
+from tokenizers.processors import TemplateProcessing
 
 SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
@@ -105,6 +107,109 @@ def load_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialTokens]:
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     _bert_normalizer(tokenizer, _read_json(folder / "tokenizer_config.json"))
     # The runner packs without padding and truncates per call.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer, SpecialTokens(folder, tokenizer)
+
+
+# The decoder families whose tokenizer_class transformers 5 loads as a plain TokenizersBackend (tokenizer.json
+# as it is) when the checkpoint declares one of BACKEND_CLASSES. qwen2 is absent: transformers 5 lists it in
+# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS and always rebuilds it as Qwen2Tokenizer.
+BACKEND_DECODER_TYPES = frozenset({"llama", "mistral", "qwen3"})
+BACKEND_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+# transformers 5's MODEL_IDS_TO_TOKENIZERS_BACKEND prefixes: a config naming one takes another route there.
+_BACKEND_MODEL_IDS = ("deepseek-ai/", "allenai/dolma2", "google/umt5", "naver-clova-ix/", "salesforce/", "stepfun-ai/")
+# tokenizer_config.json keys under which transformers 5 changes the backend at load in ways not mirrored here.
+_REBUILDING_KEYS = ("auto_map", "split_special_tokens", "fix_mistral_regex", "tokenizer_file", "vocab_file")
+_STANDARD_TOKEN_KEYS = frozenset(f"{name}_token" for name in SPECIAL_NAMES)
+
+
+def _declared_special_contents(config: dict[str, Any]) -> list[str] | None:
+    """Contents of every special token tokenizer_config.json names, or None where one is not a plain token."""
+    contents: list[str] = []
+    for key, value in config.items():
+        if not key.endswith("_token") or value is None or isinstance(value, bool):  # add_bos_token, ...
+            continue
+        if key not in _STANDARD_TOKEN_KEYS:
+            return None  # a model-specific special token (image_token, ...) joins all_special_ids there
+        content = _content(value)
+        if content is None:
+            return None
+        contents.append(content)
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        extra = config.get(key)
+        if extra in (None, []):
+            continue
+        if not isinstance(extra, list):
+            return None
+        for token in extra:
+            content = _content(token)
+            if content is None:
+                return None
+            contents.append(content)
+    return contents
+
+
+def backend_as_is(folder: Path, model_config: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether transformers 5's AutoTokenizer loads this decoder's tokenizer.json as it is (TokenizersBackend),
+    adding no token: then the only change it makes at load is the empty template where no post-processor is set."""
+    if model_config.get("model_type") not in BACKEND_DECODER_TYPES:
+        return False
+    declared = config.get("tokenizer_class") or model_config.get("tokenizer_class")
+    if declared not in BACKEND_CLASSES or any(config.get(key) for key in _REBUILDING_KEYS):
+        return False
+    name = str(model_config.get("_name_or_path") or "").lower()
+    if name.startswith(_BACKEND_MODEL_IDS) or "auto_map" in model_config:
+        return False
+    # A Mistral tekken vocabulary or legacy files route to other backends or merge more tokens in.
+    if any((folder / f).exists() for f in ("tekken.json", "added_tokens.json", "tokenizer.model")):
+        return False
+    return True
+
+
+def _as_contents(value: object) -> object:
+    """A special token (or a list of them) reduced to its content(s), for comparing two declarations."""
+    if isinstance(value, list):
+        return [_content(v) for v in value]
+    return _content(value)
+
+
+def _adds_no_token(tokenizer: Tokenizer, folder: Path, config: dict[str, Any]) -> bool:
+    """Whether every token transformers would add at load (tokenizer_config.json's added_tokens_decoder, the
+    named special tokens) is already an added token of tokenizer.json, so that adding it changes nothing."""
+    added = {token.content: token_id for token_id, token in tokenizer.get_added_tokens_decoder().items()}
+    decoder = config.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        return False
+    for token_id, token in decoder.items():
+        content = _content(token)
+        if content is None or added.get(content) != int(token_id):
+            return False
+    # Without added_tokens_decoder, transformers reads the special tokens from special_tokens_map.json too;
+    # with it, that file is ignored there but not by SpecialTokens, so the two must agree.
+    token_map = _read_json(folder / "special_tokens_map.json")
+    if decoder and any(_as_contents(config.get(key)) != _as_contents(value) for key, value in token_map.items()):
+        return False
+    specials = {**token_map, **config} if not decoder else config
+    contents = _declared_special_contents(specials)
+    return contents is not None and all(content in added for content in contents)
+
+
+def load_decoder_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialTokens] | None:
+    """A decoder's packing tokenizer and special tokens as transformers 5's AutoTokenizer builds them, from
+    tokenizer.json alone; None where transformers would rebuild it in a way not mirrored here."""
+    folder = Path(folder)
+    config = _read_json(folder / "tokenizer_config.json")
+    model_config = _read_json(folder / "config.json")
+    if not (folder / "tokenizer.json").is_file() or not backend_as_is(folder, model_config, config):
+        return None
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if not _adds_no_token(tokenizer, folder, config):
+        return None
+    if tokenizer.post_processor is None:
+        # transformers 5 drops add_bos_token/add_eos_token when a tokenizer.json exists (`_from_pretrained`),
+        # so TokenizersBackend.update_post_processor builds the template with neither.
+        tokenizer.post_processor = TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer, SpecialTokens(folder, tokenizer)
