@@ -13,7 +13,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from tokenizers import Tokenizer
-from tokenizers.processors import TemplateProcessing
 
 SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
@@ -206,10 +205,9 @@ def load_decoder_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialT
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     if not _adds_no_token(tokenizer, folder, config):
         return None
-    if tokenizer.post_processor is None:
-        # transformers 5 drops add_bos_token/add_eos_token when a tokenizer.json exists (`_from_pretrained`),
-        # so TokenizersBackend.update_post_processor builds the template with neither.
-        tokenizer.post_processor = TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    # transformers 5 drops add_bos_token/add_eos_token when a tokenizer.json exists (`_from_pretrained`), so a
+    # missing post-processor becomes TokenizersBackend.update_post_processor's template with neither BOS nor EOS
+    # ("$A:0" / "$A:0 $B:1"): the same ids and type ids as no post-processor, so nothing is set here.
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer, SpecialTokens(folder, tokenizer)
