@@ -15,6 +15,7 @@ from torch import nn
 
 from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint, UsageError
 from embedcli.models.backbones import has_own_backbone, load_own_backbone
+from embedcli.models.decoder_tokenizer import load_decoder_tokenizer_json
 from embedcli.models.lm_heads import lm_pooler, lm_score_head, mlm_head
 from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
@@ -25,7 +26,7 @@ from embedcli.models.precision import (
     task_for_head,
 )
 from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
-from embedcli.models.tokenizer import load_decoder_tokenizer_json, load_tokenizer_json
+from embedcli.models.tokenizer import load_tokenizer_json
 from embedcli.models.weights_file import check_safetensors
 from embedcli.pooling import (
     DispatchPooler,

@@ -46,6 +46,7 @@ TEXTS = (
     "zzz qqq xxx",
     "mixed\u00a0non-breaking\u2009spaces",
     "Zero\u200bwidth",
+    "<|im_start|>user\nhi<|im_end|>",
 )
 PAIRS = (("a question", "an answer"), ("", "document"), ("query", ""), (" q ", "Ünï d\n"))
 
@@ -99,6 +100,37 @@ FALLBACKS: dict[str, Callable[[Path, Path], Path]] = {
 }
 
 
+def _decoder_in_config(extra: dict[str, dict] | None = None) -> Callable[[Path, Path], Path]:
+    """tokenizer.json's added tokens written into tokenizer_config.json's added_tokens_decoder (as real Qwen
+    checkpoints ship it), with `extra` ones transformers adds at load."""
+
+    def build(src: Path, dst: Path) -> Path:
+        folder = copy_model(src, dst)
+        saved = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+        decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in saved}
+        edit_json(folder / "tokenizer_config.json", lambda c: c.update(added_tokens_decoder={**decoder, **(extra or {})}))
+        return folder
+
+    return build
+
+
+def _added(content: str) -> dict:
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+
+
+# Qwen2Tokenizer, mirrored: (model kind, variant builder, whether embedcli's own tokenizer serves it).
+QWEN2_VARIANTS: dict[str, tuple[str, Callable[[Path, Path], Path], bool]] = {
+    "qwen3-declares-qwen2": ("qwen3", _variant(lambda c: c.update(tokenizer_class="Qwen2Tokenizer")), True),
+    "prefix-space": ("qwen2", _variant(lambda c: c.update(add_prefix_space=True)), True),
+    "decoder-in-config": ("qwen2", _decoder_in_config(), True),
+    "new-token-in-config": ("qwen2", _decoder_in_config({"308": _added("<|im_start|>")}), True),
+    "no-eos-declared": ("qwen2", _variant(lambda c: c.pop("eos_token")), True),  # the class default then
+    "gap-in-ids": ("qwen2", _decoder_in_config({"400": _added("<|im_start|>")}), False),
+    "extra-special": ("qwen2", _variant(lambda c: c.update(extra_special_tokens=["[MASK]"])), False),
+    "model-specific-token": ("qwen2", _variant(lambda c: c.update(image_token="[MASK]")), False),
+}
+
+
 def _load(folder: Path) -> LoadedModel:
     return LoadedModel(load_model_spec(str(folder)), ModelOptions(device="cpu", dtype="float32"))
 
@@ -127,8 +159,7 @@ def test_decoder_tokenizer_matches_autotokenizer(kind, variant, tiny_model, tmp_
     folder = tiny_model(kind) if build is None else build(tiny_model(kind), tmp_path / f"{kind}-{variant}")
     loaded = _load(folder)
     assert loaded.own_backbone
-    # transformers 5 always rebuilds qwen2 checkpoints as Qwen2Tokenizer: that one keeps the transformers path.
-    assert isinstance(loaded.hf_tokenizer, SpecialTokens) == (kind != "qwen2")
+    assert isinstance(loaded.hf_tokenizer, SpecialTokens)
     _assert_same_as_transformers(loaded, folder)
 
 
@@ -137,6 +168,15 @@ def test_rebuilt_tokenizers_keep_transformers(variant, tiny_model, tmp_path) -> 
     folder = FALLBACKS[variant](tiny_model("llama"), tmp_path / f"llama-{variant}")
     loaded = _load(folder)
     assert not isinstance(loaded.hf_tokenizer, SpecialTokens)
+    _assert_same_as_transformers(loaded, folder)
+
+
+@pytest.mark.parametrize("variant", list(QWEN2_VARIANTS))
+def test_qwen2_tokenizer_rebuild_matches_autotokenizer(variant, tiny_model, tmp_path) -> None:
+    kind, build, own = QWEN2_VARIANTS[variant]
+    folder = build(tiny_model(kind), tmp_path / f"{kind}-{variant}")
+    loaded = _load(folder)
+    assert isinstance(loaded.hf_tokenizer, SpecialTokens) == own
     _assert_same_as_transformers(loaded, folder)
 
 
