@@ -211,41 +211,56 @@ def _qwen2_special_tokens(
     return values
 
 
+def _qwen2_extra_tokens(config: dict[str, Any]) -> list[str] | None:
+    """The extra special tokens (additional_special_tokens in older configs), or None where not plain strings."""
+    extra = config.get("extra_special_tokens")
+    if not extra and "additional_special_tokens" in config:
+        extra = config["additional_special_tokens"]
+    extra = extra or []
+    if not isinstance(extra, list) or not all(isinstance(token, str) for token in extra):
+        return (
+            None  # a dict names model-specific tokens; AddedToken dicts would need transformers' conversion
+        )
+    return extra
+
+
 def _to_added_token(value: Any) -> AddedToken:
     return AddedToken(**value) if isinstance(value, dict) else AddedToken(value, special=True)
 
 
 def _qwen2_add_tokens(
-    tokenizer: Tokenizer, decoder: dict[int, dict[str, Any]], specials: dict[str, Any]
+    tokenizer: Tokenizer, decoder: dict[int, dict[str, Any]], specials: dict[str, Any], extra: list[str]
 ) -> None:
     """The two rounds of add_tokens transformers runs at load (TokenizersBackend.__init__, then Qwen2Tokenizer)."""
     tokens = [AddedToken(**token) for _, token in sorted(decoder.items())]
     encoder = [t.content for t in tokens]
-    for value in specials.values():
-        if token_content(value) not in encoder:
+    for value in [*specials.values(), *extra]:
+        content = str(token_content(value))
+        if content not in encoder:
             tokens.append(_to_added_token(value))
-            encoder.append(str(token_content(value)))
+            encoder.append(content)
     named = {token_content(v) for v in specials.values()}
     for token in tokens:
         if not token.special and token.content in named:
             token.special = True
     if tokens:
         tokenizer.add_tokens(tokens)
-    all_special: list[str] = []
-    for value in specials.values():
+    all_special: list[str] = []  # PreTrainedTokenizerBase.all_special_tokens: named, then extra, each once
+    for value in [*specials.values(), *extra]:
         content = str(token_content(value))
         if content not in all_special:
             all_special.append(content)
     tokenizer.add_tokens([AddedToken(content, special=True) for content in all_special])
 
 
-def _load_qwen2(folder: Path, config: dict[str, Any]) -> Tokenizer | None:
-    """Qwen2Tokenizer's backend mirrored, or None where its result would not match the declared token ids."""
-    if (
-        _declared_special_contents(config) is None
-        or config.get("extra_special_tokens")
-        or config.get("additional_special_tokens")
-    ):
+def _load_qwen2(folder: Path, config: dict[str, Any]) -> tuple[Tokenizer, dict[str, Any]] | None:
+    """Qwen2Tokenizer's backend mirrored and its special tokens, or None where its result would not match
+    the declared token ids."""
+    extra = _qwen2_extra_tokens(config)
+    standard = {
+        k: v for k, v in config.items() if k not in ("additional_special_tokens", "extra_special_tokens")
+    }
+    if extra is None or _declared_special_contents(standard) is None:
         return None
     if not config.get("added_tokens_decoder") and (folder / "special_tokens_map.json").exists():
         return None  # transformers merges that file's tokens in as AddedTokens then
@@ -254,13 +269,13 @@ def _load_qwen2(folder: Path, config: dict[str, Any]) -> Tokenizer | None:
     tokenizer = _qwen2_backend(folder, config)
     if tokenizer is None or specials is None:
         return None
-    _qwen2_add_tokens(tokenizer, decoder, specials)
+    _qwen2_add_tokens(tokenizer, decoder, specials, extra)
     # Checkpoints whose added tokens do not land on their declared ids (gaps, clashes) keep transformers.
     if any(
         tokenizer.token_to_id(str(token.get("content"))) != token_id for token_id, token in decoder.items()
     ):
         return None
-    return tokenizer
+    return tokenizer, {**specials, "extra_special_tokens": extra}
 
 
 def load_decoder_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialTokens] | None:
@@ -273,7 +288,7 @@ def load_decoder_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialT
     route = tokenizer_route(folder, read_json(folder / "config.json"), config)
     if route is None or not _special_map_agrees(folder, config):
         return None
-    tokenizer: Tokenizer | None
+    declared: dict[str, Any] | None = None  # the backend route reads the special tokens from the files
     if route == "backend":
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         if not _adds_no_token(tokenizer, folder, config):
@@ -282,12 +297,10 @@ def load_decoder_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialT
         # a missing post-processor becomes update_post_processor's template without BOS or EOS ("$A:0" /
         # "$A:0 $B:1"): the same ids and type ids as none, so nothing is set here.
     else:
-        tokenizer = _load_qwen2(folder, config)
-        if tokenizer is None:
+        qwen2 = _load_qwen2(folder, config)
+        if qwen2 is None:
             return None
+        tokenizer, declared = qwen2
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    specials = (
-        None if route == "backend" else _qwen2_special_tokens(config, _added_tokens_decoder(folder, config))
-    )
-    return tokenizer, SpecialTokens(folder, tokenizer, specials)
+    return tokenizer, SpecialTokens(folder, tokenizer, declared)

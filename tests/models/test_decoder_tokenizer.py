@@ -47,11 +47,16 @@ TEXTS = (
     "mixed\u00a0non-breaking\u2009spaces",
     "Zero\u200bwidth",
     "<|im_start|>user\nhi<|im_end|>",
+    "cafe\u0301 decomposed, café composed",
+    "I'm sure they'll say it's 2024 or 12345678",
 )
 PAIRS = (("a question", "an answer"), ("", "document"), ("query", ""), (" q ", "Ünï d\n"))
 
 
-def _variant(edit_config: Callable[[dict], object] | None = None, edit_json_file: Callable[[dict], object] | None = None):
+def _variant(
+    edit_config: Callable[[dict], object] | None = None,
+    edit_json_file: Callable[[dict], object] | None = None,
+):
     def build(src: Path, dst: Path) -> Path:
         folder = copy_model(src, dst)
         if edit_config is not None:
@@ -85,7 +90,9 @@ VARIANTS: dict[str, Callable[[Path, Path], Path] | None] = {
     "bos-false-eos-true": _variant(lambda c: c.update(add_bos_token=False, add_eos_token=True)),
     "bos-true-eos-true": _variant(lambda c: c.update(add_bos_token=True, add_eos_token=True)),
     "bos-false-eos-false": _variant(lambda c: c.update(add_bos_token=False, add_eos_token=False)),
-    "no-post-processor": _variant(lambda c: c.update(add_bos_token=True), lambda t: t.update(post_processor=None)),
+    "no-post-processor": _variant(
+        lambda c: c.update(add_bos_token=True), lambda t: t.update(post_processor=None)
+    ),
     "bos-template": _variant(lambda c: c.update(add_eos_token=True), _bos_template),
     "preTrainedTokenizerFast": _variant(lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast")),
 }
@@ -108,14 +115,104 @@ def _decoder_in_config(extra: dict[str, dict] | None = None) -> Callable[[Path, 
         folder = copy_model(src, dst)
         saved = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
         decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in saved}
-        edit_json(folder / "tokenizer_config.json", lambda c: c.update(added_tokens_decoder={**decoder, **(extra or {})}))
+        edit_json(
+            folder / "tokenizer_config.json",
+            lambda c: c.update(added_tokens_decoder={**decoder, **(extra or {})}),
+        )
         return folder
 
     return build
 
 
 def _added(content: str) -> dict:
-    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+    return {
+        "content": content,
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+        "special": True,
+    }
+
+
+QWEN_CORPUS = [
+    *TEXTS,
+    "the year 2024 and 1999 and 12345678 and 42",
+    "I'm sure they'll say it's fine, don't worry, we've seen it",
+    "café résumé naïve über straße",
+    "hello world the quick brown fox jumps over the lazy dog " * 3,
+]
+
+
+def _qwen_style(base: str) -> Callable[[Path, Path], Path]:
+    """A byte-level BPE tokenizer saved the way Qwen2.5 / Qwen3 checkpoints ship theirs (NFC, Qwen's split
+    regex, Qwen2Tokenizer, added_tokens_decoder and additional_special_tokens), over `base`'s tiny body.
+    Trained with GPT-2's split (digits grouped), so dropping Qwen's own split changes the ids."""
+
+    def build(src: Path, dst: Path) -> Path:
+        from tokenizers import (
+            Regex,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            pre_tokenizers,
+            processors,
+            trainers,
+        )
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+        folder = copy_model(src, dst)
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        trainer = trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
+        )
+        tok.train_from_iterator(QWEN_CORPUS, trainer)
+        assert tok.get_vocab_size() <= 308  # the tiny body's embedding rows
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.save(str(folder / "tokenizer.json"))
+        decoder = {str(tok.token_to_id(t)): _added(t) for t in specials}
+        config = {
+            "tokenizer_class": "Qwen2Tokenizer",
+            "added_tokens_decoder": decoder,
+            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": None,
+            "errors": "replace",
+            "split_special_tokens": False,
+            "add_prefix_space": False,
+            "model_max_length": 32768,
+        }
+        (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        for stale in ("vocab.txt", "special_tokens_map.json"):
+            (folder / stale).unlink(missing_ok=True)
+        return folder
+
+    return build
+
+
+def _then(
+    first: Callable[[Path, Path], Path], change: Callable[[dict], object]
+) -> Callable[[Path, Path], Path]:
+    def build(src: Path, dst: Path) -> Path:
+        folder = first(src, dst)
+        edit_json(folder / "tokenizer_config.json", change)
+        return folder
+
+    return build
 
 
 # Qwen2Tokenizer, mirrored: (model kind, variant builder, whether embedcli's own tokenizer serves it).
@@ -125,8 +222,30 @@ QWEN2_VARIANTS: dict[str, tuple[str, Callable[[Path, Path], Path], bool]] = {
     "decoder-in-config": ("qwen2", _decoder_in_config(), True),
     "new-token-in-config": ("qwen2", _decoder_in_config({"308": _added("<|im_start|>")}), True),
     "no-eos-declared": ("qwen2", _variant(lambda c: c.pop("eos_token")), True),  # the class default then
+    "qwen-style": ("qwen2", _qwen_style("qwen2"), True),
+    "qwen-style-qwen3": ("qwen3", _qwen_style("qwen3"), True),
+    "qwen-style-prefix-space": (
+        "qwen2",
+        _then(_qwen_style("qwen2"), lambda c: c.update(add_prefix_space=True)),
+        True,
+    ),
+    "qwen-style-legacy": (
+        "qwen2",
+        _then(_qwen_style("qwen2"), lambda c: c.pop("added_tokens_decoder")),
+        True,
+    ),
     "gap-in-ids": ("qwen2", _decoder_in_config({"400": _added("<|im_start|>")}), False),
-    "extra-special": ("qwen2", _variant(lambda c: c.update(extra_special_tokens=["[MASK]"])), False),
+    "extra-special": ("qwen2", _variant(lambda c: c.update(extra_special_tokens=["[MASK]", "zzz"])), True),
+    "additional-special": (
+        "qwen2",
+        _variant(lambda c: c.update(additional_special_tokens=["<|im_end|>"])),
+        True,
+    ),
+    "extra-special-dict": (
+        "qwen2",
+        _variant(lambda c: c.update(extra_special_tokens={"image_token": "[MASK]"})),
+        False,
+    ),
     "model-specific-token": ("qwen2", _variant(lambda c: c.update(image_token="[MASK]")), False),
 }
 
@@ -194,5 +313,7 @@ vectors = Runner(loaded).embed(["hello world", "the fox", ""])
 assert vectors.shape == (3, 32), vectors.shape
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "sentence_transformers")))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert json.loads(out.stdout.strip().replace("'", '"')) == []
