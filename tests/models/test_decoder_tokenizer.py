@@ -250,6 +250,18 @@ QWEN2_VARIANTS: dict[str, tuple[str, Callable[[Path, Path], Path], bool]] = {
 }
 
 
+def _stale_special_map(src: Path, dst: Path) -> Path:
+    """added_tokens_decoder in the config and a special_tokens_map.json naming one more token: transformers
+    ignores the map then (mask_token stays unset)."""
+    folder = _decoder_in_config()(src, dst)
+    edit_json(folder / "tokenizer_config.json", lambda c: c.pop("mask_token", None))
+    (folder / "special_tokens_map.json").write_text(json.dumps({"mask_token": "[MASK]"}), encoding="utf-8")
+    return folder
+
+
+FALLBACKS["stale-special-map"] = _stale_special_map
+
+
 def _load(folder: Path) -> LoadedModel:
     return LoadedModel(load_model_spec(str(folder)), ModelOptions(device="cpu", dtype="float32"))
 
