@@ -119,16 +119,29 @@ def _added_tokens_decoder(folder: Path, config: dict[str, Any]) -> dict[int, dic
 def _adds_no_token(tokenizer: Tokenizer, folder: Path, config: dict[str, Any]) -> bool:
     """Whether every token transformers would add at load (tokenizer_config.json's added_tokens_decoder, the
     named special tokens) is already an added token of tokenizer.json, so that adding it changes nothing."""
-    added = {token.content: token_id for token_id, token in tokenizer.get_added_tokens_decoder().items()}
+    current = tokenizer.get_added_tokens_decoder()
+    added = {token.content: token_id for token_id, token in current.items()}
     decoder = config.get("added_tokens_decoder") or {}
     if not isinstance(decoder, dict):
         return False
-    for token_id, token in decoder.items():
-        content = token_content(token)
-        if content is None or added.get(content) != int(token_id):
-            return False
     contents = _declared_special_contents(_special_declarations(folder, config))
-    return contents is not None and all(content in added for content in contents)
+    if contents is None:
+        return False
+    for token_id, token in decoder.items():
+        if not isinstance(token, dict) or added.get(token_content(token)) != int(token_id):
+            return False
+        # Re-adding a token replaces its flags (lstrip, normalized, ...): they must be tokenizer.json's already,
+        # after transformers marks the named special tokens special.
+        wanted = AddedToken(**{k: v for k, v in token.items() if k != "__type"})
+        if wanted.content in contents:
+            wanted.special = True
+        if _flags(wanted) != _flags(current[int(token_id)]):
+            return False
+    return all(content in added for content in contents)
+
+
+def _flags(token: AddedToken) -> tuple[object, ...]:
+    return (token.content, token.single_word, token.lstrip, token.rstrip, token.normalized, token.special)
 
 
 def _special_declarations(folder: Path, config: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ TEXTS = (
     "don't can't won't it's",
     "1234567890 3.14159 -42",
     "[CLS] hello [SEP]",
+    "[cls] lower-cased [sep]",
     "hello[SEP]world",
     "[PAD][PAD]",
     "[MASK] is special",
@@ -260,6 +261,9 @@ def _stale_special_map(src: Path, dst: Path) -> Path:
 
 
 FALLBACKS["stale-special-map"] = _stale_special_map
+# transformers re-adds every added_tokens_decoder entry: flags unlike tokenizer.json's replace them there
+# ([CLS] normalized, so the lowercasing normalizer makes "[cls]" match it too).
+FALLBACKS["other-flags-in-config"] = _decoder_in_config({"0": {**_added("[CLS]"), "normalized": True, "special": False}})
 
 
 def _load(folder: Path) -> LoadedModel:
