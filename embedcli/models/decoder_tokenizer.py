@@ -111,7 +111,7 @@ def _added_tokens_decoder(folder: Path, config: dict[str, Any]) -> dict[int, dic
     has none, tokenizer.json's added_tokens (`_from_pretrained`'s legacy branch)."""
     declared = config.get("added_tokens_decoder")
     if isinstance(declared, dict) and declared:
-        return {int(i): dict(token) for i, token in declared.items()}
+        return {int(i): {k: v for k, v in token.items() if k != "__type"} for i, token in declared.items()}
     saved = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
     return {int(token["id"]): {k: v for k, v in token.items() if k != "id"} for token in saved}
 
@@ -310,7 +310,10 @@ def load_decoder_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialT
         # a missing post-processor becomes update_post_processor's template without BOS or EOS ("$A:0" /
         # "$A:0 $B:1"): the same ids and type ids as none, so nothing is set here.
     else:
-        qwen2 = _load_qwen2(folder, config)
+        try:
+            qwen2 = _load_qwen2(folder, config)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return None  # an added_tokens_decoder or vocabulary of a shape not mirrored: transformers decides
         if qwen2 is None:
             return None
         tokenizer, declared = qwen2
