@@ -41,7 +41,7 @@ _BACKEND_MODEL_IDS = (
 # tokenizer_config.json keys under which transformers changes the backend at load in ways not mirrored here.
 _REBUILDING_KEYS = ("auto_map", "split_special_tokens", "fix_mistral_regex", "tokenizer_file", "vocab_file")
 # Files that route to another backend (tekken: MistralCommonBackend) or merge more tokens in at load.
-_REROUTING_FILES = ("tekken.json", "added_tokens.json", "tokenizer.model")
+_REROUTING_FILES = ("tekken.json", "added_tokens.json")
 _STANDARD_TOKEN_KEYS = frozenset(f"{name}_token" for name in SPECIAL_NAMES)
 # Qwen2Tokenizer's own pre-tokenizer split and its special-token defaults (transformers' tokenization_qwen2.py).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -103,6 +103,14 @@ def tokenizer_route(folder: Path, model_config: dict[str, Any], config: dict[str
         return "qwen2"
     if model_type in BACKEND_DECODER_TYPES and declared in BACKEND_CLASSES:
         return "backend"
+    # A declared LlamaTokenizer would rebuild a SentencePiece-style backend, except where AutoTokenizer swaps in
+    # TokenizersBackend: on a ByteLevel tokenizer.json (Llama-3 style), and on mistral always (its registered
+    # class is TokenizersBackend, or MistralCommonBackend without a tekken.json).
+    if model_type in BACKEND_DECODER_TYPES and declared.removesuffix("Fast") == "LlamaTokenizer":
+        if model_type == "mistral" or '"ByteLevel"' in (folder / "tokenizer.json").read_text(
+            encoding="utf-8"
+        ):
+            return "backend"
     return None
 
 

@@ -69,6 +69,12 @@ def _variant(
     return build
 
 
+def _with_junk_sentencepiece(folder: Path) -> Path:
+    """A tokenizer.model beside tokenizer.json (as Llama-2 / Mistral ship): neither route may read it."""
+    (folder / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    return folder
+
+
 def _bos_template(tokenizer: dict) -> None:
     """A Llama-3 style post-processor: BOS ([CLS], id 0) before each sequence, saved in tokenizer.json."""
     cls = {"id": "[CLS]", "type_id": 0}
@@ -96,6 +102,7 @@ VARIANTS: dict[str, Callable[[Path, Path], Path] | None] = {
     ),
     "bos-template": _variant(lambda c: c.update(add_eos_token=True), _bos_template),
     "preTrainedTokenizerFast": _variant(lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast")),
+    "sentencepiece-file-beside": lambda src, dst: _with_junk_sentencepiece(copy_model(src, dst)),
 }
 # Variants transformers rebuilds or extends at load: embedcli must keep its tokenizer there.
 FALLBACKS: dict[str, Callable[[Path, Path], Path]] = {
@@ -145,7 +152,7 @@ QWEN_CORPUS = [
 ]
 
 
-def _qwen_style(base: str) -> Callable[[Path, Path], Path]:
+def _qwen_style() -> Callable[[Path, Path], Path]:
     """A byte-level BPE tokenizer saved the way Qwen2.5 / Qwen3 checkpoints ship theirs (NFC, Qwen's split
     regex, Qwen2Tokenizer, added_tokens_decoder and additional_special_tokens), over `base`'s tiny body.
     Trained with GPT-2's split (digits grouped), so dropping Qwen's own split changes the ids."""
@@ -216,23 +223,34 @@ def _then(
     return build
 
 
-# Qwen2Tokenizer, mirrored: (model kind, variant builder, whether embedcli's own tokenizer serves it).
-QWEN2_VARIANTS: dict[str, tuple[str, Callable[[Path, Path], Path], bool]] = {
+# Class routes AutoTokenizer takes (Qwen2Tokenizer mirrored, LlamaTokenizer swapped for TokenizersBackend):
+# (model kind, variant builder, whether embedcli's own tokenizer serves it).
+ROUTED_VARIANTS: dict[str, tuple[str, Callable[[Path, Path], Path], bool]] = {
     "qwen3-declares-qwen2": ("qwen3", _variant(lambda c: c.update(tokenizer_class="Qwen2Tokenizer")), True),
     "prefix-space": ("qwen2", _variant(lambda c: c.update(add_prefix_space=True)), True),
     "decoder-in-config": ("qwen2", _decoder_in_config(), True),
     "new-token-in-config": ("qwen2", _decoder_in_config({"308": _added("<|im_start|>")}), True),
     "no-eos-declared": ("qwen2", _variant(lambda c: c.pop("eos_token")), True),  # the class default then
-    "qwen-style": ("qwen2", _qwen_style("qwen2"), True),
-    "qwen-style-qwen3": ("qwen3", _qwen_style("qwen3"), True),
+    "qwen-style": ("qwen2", _qwen_style(), True),
+    "qwen-style-qwen3": ("qwen3", _qwen_style(), True),
     "qwen-style-prefix-space": (
         "qwen2",
-        _then(_qwen_style("qwen2"), lambda c: c.update(add_prefix_space=True)),
+        _then(_qwen_style(), lambda c: c.update(add_prefix_space=True)),
         True,
     ),
     "qwen-style-legacy": (
         "qwen2",
-        _then(_qwen_style("qwen2"), lambda c: c.pop("added_tokens_decoder")),
+        _then(_qwen_style(), lambda c: c.pop("added_tokens_decoder")),
+        True,
+    ),
+    "llama3-declares-llama": (
+        "llama",
+        _then(_qwen_style(), lambda c: c.update(tokenizer_class="LlamaTokenizerFast")),
+        True,
+    ),
+    "mistral-declares-llama": (
+        "mistral",
+        _variant(lambda c: c.update(tokenizer_class="LlamaTokenizerFast")),
         True,
     ),
     "gap-in-ids": ("qwen2", _decoder_in_config({"400": _added("<|im_start|>")}), False),
@@ -263,7 +281,9 @@ def _stale_special_map(src: Path, dst: Path) -> Path:
 FALLBACKS["stale-special-map"] = _stale_special_map
 # transformers re-adds every added_tokens_decoder entry: flags unlike tokenizer.json's replace them there
 # ([CLS] normalized, so the lowercasing normalizer makes "[cls]" match it too).
-FALLBACKS["other-flags-in-config"] = _decoder_in_config({"0": {**_added("[CLS]"), "normalized": True, "special": False}})
+FALLBACKS["other-flags-in-config"] = _decoder_in_config(
+    {"0": {**_added("[CLS]"), "normalized": True, "special": False}}
+)
 
 
 def _load(folder: Path) -> LoadedModel:
@@ -306,9 +326,9 @@ def test_rebuilt_tokenizers_keep_transformers(variant, tiny_model, tmp_path) -> 
     _assert_same_as_transformers(loaded, folder)
 
 
-@pytest.mark.parametrize("variant", list(QWEN2_VARIANTS))
-def test_qwen2_tokenizer_rebuild_matches_autotokenizer(variant, tiny_model, tmp_path) -> None:
-    kind, build, own = QWEN2_VARIANTS[variant]
+@pytest.mark.parametrize("variant", list(ROUTED_VARIANTS))
+def test_routed_tokenizer_matches_autotokenizer(variant, tiny_model, tmp_path) -> None:
+    kind, build, own = ROUTED_VARIANTS[variant]
     folder = build(tiny_model(kind), tmp_path / f"{kind}-{variant}")
     loaded = _load(folder)
     assert isinstance(loaded.hf_tokenizer, SpecialTokens) == own
