@@ -154,7 +154,7 @@ QWEN_CORPUS = [
 
 def _qwen_style() -> Callable[[Path, Path], Path]:
     """A byte-level BPE tokenizer saved the way Qwen2.5 / Qwen3 checkpoints ship theirs (NFC, Qwen's split
-    regex, Qwen2Tokenizer, added_tokens_decoder and additional_special_tokens), over `base`'s tiny body.
+    regex, Qwen2Tokenizer, added_tokens_decoder and additional_special_tokens), over a tiny body.
     Trained with GPT-2's split (digits grouped), so dropping Qwen's own split changes the ids."""
 
     def build(src: Path, dst: Path) -> Path:
