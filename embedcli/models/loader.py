@@ -15,6 +15,7 @@ from torch import nn
 
 from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint, UsageError
 from embedcli.models.backbones import has_own_backbone, load_own_backbone
+from embedcli.models.decoder_tokenizer import load_decoder_tokenizer_json
 from embedcli.models.lm_heads import lm_pooler, lm_score_head, mlm_head
 from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
 from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
@@ -202,14 +203,19 @@ class LoadedModel:
 
     def _load_tokenizer(self):  # type: ignore[no-untyped-def]
         path = Path(self.spec.path)
-        # Decoders keep transformers' tokenizer: it rebuilds some of them (BOS/EOS templates, BPE classes)
-        # from tokenizer_config.json rather than taking tokenizer.json as it is.
-        if self.own_backbone and not self.spec.is_decoder and (path / "tokenizer.json").is_file():
+        if self.own_backbone and (path / "tokenizer.json").is_file():
             try:
-                tokenizer, self.hf_tokenizer = load_tokenizer_json(path)
+                if self.spec.is_decoder:
+                    # transformers rebuilds some decoder tokenizers (Qwen2Tokenizer, LlamaTokenizer, ...) at load;
+                    # only those it takes from tokenizer.json as they are load here, the others below.
+                    loaded = load_decoder_tokenizer_json(path)
+                else:
+                    loaded = load_tokenizer_json(path)
             except Exception as e:
                 raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
-            return tokenizer
+            if loaded is not None:
+                tokenizer, self.hf_tokenizer = loaded
+                return tokenizer
         from transformers import AutoTokenizer  # heavy; only the fallback path needs it
 
         try:
@@ -220,6 +226,8 @@ class LoadedModel:
         if backend is None:
             raise ModelConfigError(f"{path}: no fast tokenizer (tokenizer.json) could be built for this model")
         tokenizer = Tokenizer.from_str(backend.to_str())
+        # tokenizer.json does not carry split_special_tokens; transformers sets it on its backend at load.
+        tokenizer.encode_special_tokens = backend.encode_special_tokens
         # The runner packs without padding and truncates per call.
         tokenizer.no_padding()
         tokenizer.no_truncation()

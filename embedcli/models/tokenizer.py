@@ -1,6 +1,7 @@
 """A model's fast tokenizer read straight from tokenizer.json, and its special tokens, without transformers.
 
-transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json (and as a lazy
+transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json, for decoder
+tokenizers that transformers rebuilds at load in ways not mirrored in `decoder_tokenizer` (and as a lazy
 fallback for attributes this light view does not have).
 """
 
@@ -16,7 +17,7 @@ from tokenizers import Tokenizer
 SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as f:
@@ -24,7 +25,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _content(token: object) -> str | None:
+def token_content(token: object) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
     if isinstance(token, str):
         return token
@@ -63,14 +64,16 @@ class SpecialTokens:
     on first use.
     """
 
-    def __init__(self, folder: Path, tokenizer: Tokenizer) -> None:
+    def __init__(self, folder: Path, tokenizer: Tokenizer, declared: dict[str, Any] | None = None) -> None:
         self._folder = folder
         self._encoder = Tokenizer.from_str(tokenizer.to_str())
         self._hf: Any = None
-        config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
+        # `declared`: the special tokens a tokenizer class resolved (its defaults included), instead of the files'.
+        files = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
+        config = files if declared is None else declared
         ids: list[int] = []
         for name in SPECIAL_NAMES:
-            content = _content(config.get(f"{name}_token"))
+            content = token_content(config.get(f"{name}_token"))
             token_id = tokenizer.token_to_id(content) if content is not None else None
             setattr(self, f"{name}_token", content if token_id is not None else None)
             setattr(self, f"{name}_token_id", token_id)
@@ -78,7 +81,7 @@ class SpecialTokens:
                 ids.append(token_id)
         extra = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
         for token in extra if isinstance(extra, list) else []:
-            content = _content(token)
+            content = token_content(token)
             token_id = tokenizer.token_to_id(content) if content is not None else None
             if token_id is not None and token_id not in ids:
                 ids.append(token_id)
@@ -103,8 +106,9 @@ def load_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialTokens]:
     """The packing tokenizer (no padding, no truncation) from `folder/tokenizer.json`, and its special tokens."""
     folder = Path(folder)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    _bert_normalizer(tokenizer, _read_json(folder / "tokenizer_config.json"))
+    _bert_normalizer(tokenizer, read_json(folder / "tokenizer_config.json"))
     # The runner packs without padding and truncates per call.
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer, SpecialTokens(folder, tokenizer)
+
