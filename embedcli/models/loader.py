@@ -204,15 +204,19 @@ class LoadedModel:
     def _load_tokenizer(self):  # type: ignore[no-untyped-def]
         path = Path(self.spec.path)
         if self.own_backbone and (path / "tokenizer.json").is_file():
-            try:
-                if self.spec.is_decoder:
-                    # transformers rebuilds some decoder tokenizers (Qwen2Tokenizer, LlamaTokenizer, ...) at load;
-                    # only those it takes from tokenizer.json as they are load here, the others below.
+            if self.spec.is_decoder:
+                # transformers rebuilds some decoder tokenizers (Qwen2Tokenizer, LlamaTokenizer, ...) at load;
+                # only those it takes from tokenizer.json as they are load here, the others below. A file the
+                # mirror cannot read goes to transformers too, which loads it or says what is wrong.
+                try:
                     loaded = load_decoder_tokenizer_json(path)
-                else:
+                except Exception:
+                    loaded = None
+            else:
+                try:
                     loaded = load_tokenizer_json(path)
-            except Exception as e:
-                raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
+                except Exception as e:
+                    raise ModelConfigError(f"{path / 'tokenizer.json'}: the tokenizer could not be loaded ({e})") from e
             if loaded is not None:
                 tokenizer, self.hf_tokenizer = loaded
                 return tokenizer

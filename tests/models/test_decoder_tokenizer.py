@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from embedcli.errors import ModelConfigError
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
 from embedcli.models.tokenizer import SpecialTokens
@@ -340,6 +341,7 @@ def test_decoder_hot_path_never_imports_transformers(tiny_model) -> None:
     folder = tiny_model("llama")
     code = f"""
 import sys
+from embedcli.errors import ModelConfigError
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
 from embedcli.compute.runner import Runner
@@ -353,3 +355,22 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "sent
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert json.loads(out.stdout.strip().replace("'", '"')) == []
+
+
+def test_a_tokenizer_json_the_mirror_cannot_read_goes_to_transformers(tiny_model, tmp_path, monkeypatch) -> None:
+    """A bug or an unforeseen shape in the mirror costs start-up time, never a refused model."""
+    import embedcli.models.loader as loader
+
+    def broken(path: Path) -> None:
+        raise KeyError("model")
+
+    monkeypatch.setattr(loader, "load_decoder_tokenizer_json", broken)
+    folder = copy_model(tiny_model("llama"), tmp_path / "llama")
+    _assert_same_as_transformers(_load(folder), folder)
+
+
+def test_a_corrupt_decoder_tokenizer_json_is_one_config_error(tiny_model, tmp_path) -> None:
+    folder = copy_model(tiny_model("qwen2"), tmp_path / "qwen2")
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {', encoding="utf-8")
+    with pytest.raises(ModelConfigError, match="tokenizer"):
+        _load(folder)
