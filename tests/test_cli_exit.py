@@ -70,3 +70,16 @@ def test_an_error_keeps_its_code_and_message(torch_first: bool, tmp_path: Path) 
     assert Path(f"{marker}.atexit").exists()
     # without torch the ordinary exit, teardown included (it is fast then)
     assert Path(f"{marker}.teardown").read_bytes() == (b"" if torch_first else b"t")
+
+
+def test_a_profiled_run_keeps_the_ordinary_exit(st_model: Path, corpus: Path, tmp_path: Path) -> None:
+    """`python -m cProfile -o F -m embedcli ...` writes F when the run returns: no fast exit under a profiler."""
+    stats = tmp_path / "run.prof"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBEDCLI_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["embed", corpus, "-m", st_model, "-o", tmp_path / "o.parquet", "--dtype", "float32", "-q"]
+    result = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "embedcli", *map(str, args)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert stats.stat().st_size > 0
