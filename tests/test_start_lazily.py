@@ -308,3 +308,15 @@ def test_other_commands_with_work_load_the_model_and_write_the_same_bytes(
     assert result.returncode == 0, result.stderr
     assert imported_torch(result)
     assert out.read_bytes() == families[case].read_bytes()
+
+
+@pytest.mark.parametrize("missing", ["missing.jsonl", "nothing-*.jsonl"])
+def test_a_missing_input_is_said_before_a_first_auto_run_loads_the_model(
+    made: dict[str, Path], tmp_path: Path, missing: str
+) -> None:
+    """A fresh cache: `auto` is not probed yet, so a run with work would load the model to plan; a missing
+    input must not wait for that."""
+    result = fresh(tmp_path / "fresh-cache", "embed", tmp_path / missing, "-m", made["model"], "-o", tmp_path / "o.parquet")
+    assert result.returncode == 1, result.stderr
+    assert "no such file" in result.stderr
+    assert not imported_torch(result)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from embedcli.errors import STDIN, OutputError, UsageError
 from embedcli.io.commit import check_read_only
 from embedcli.io.manifest import manifest_path, strip_slash
+from embedcli.io.readers import expand_paths
 from embedcli.io.writers import check_output_path, output_format
 from embedcli.run.flags import RunFlags
 from embedcli.run.paths import check_no_clobber, check_side_file
@@ -35,8 +36,11 @@ def is_shard_dir(path: str, flags: RunFlags) -> bool:
 
 
 def check_target(path: str, flags: RunFlags, inputs: Sequence[str] = (), stats_file: str | None = None) -> None:
-    """Before any work (a command calls this before loading its model): OutputError unless `-o path`,
-    `--stats` and `--errors-file` can be written; UsageError when one of them is an input or another."""
+    """Before any work (a command calls this before loading its model): InputError for an input path or
+    pattern that names no file; OutputError unless `-o path`, `--stats` and `--errors-file` can be written;
+    UsageError when one of them is an input or another."""
+    if inputs:
+        expand_paths(inputs)  # a missing input is said before a first `auto` run loads and probes the model
     as_dir = is_shard_dir(path, flags)
     check_read_only(path)
     check_output_path(path, as_dir=as_dir)
