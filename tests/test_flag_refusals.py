@@ -25,6 +25,7 @@ CASES = {
     "quantize-cuda": ((*EMBED, "--quantize", "--device", "cuda"), {}, True, "--quantize", "drop --dtype/--device"),
     "quantize-auto-on-gpu": ((*EMBED, "--quantize"), {}, True, "--quantize", "--device cpu"),
     "dimensions-negative": ((*EMBED, "--dimensions", "-1"), {}, False, "--dimensions -1", "at least 1"),
+    "max-batch-tokens-zero": ((*EMBED, "--max-batch-tokens", "0"), {}, False, "--max-batch-tokens 0", "at least 1"),
     "token-embed-dimensions": (("token-embed", "{rows}", "-o", "{out}/t.parquet", "-m", "{st}", "--dimensions", "0"),
                                {}, False, "--dimensions 0", "at least 1"),
     "input-format": ((*EMBED, "--format", "xml"), {}, False, "--format 'xml'", "jsonl, parquet, csv, tsv, txt"),

@@ -39,6 +39,9 @@ class RunnerOptions:
         # Checked here, before the output's width is planned from it (a negative width is no usage error).
         if self.dimensions is not None and self.dimensions < 1:
             raise UsageError(f"--dimensions {self.dimensions}: must be at least 1 (or leave it out for the full size)")
+        # 0 would silently mean the default (`or` in the runner); a negative budget packs nothing.
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise UsageError(f"--max-batch-tokens {self.max_batch_tokens}: must be at least 1 (or leave it out for the default)")
 
 
 
