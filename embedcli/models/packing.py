@@ -48,7 +48,7 @@ class PackInfo:
     cu_seqlens: torch.Tensor  # int32 [batch + 1], on the compute device
     lengths: list[int]
     max_len: int
-    gather_index: torch.Tensor  # [batch * max_len] flat-buffer row for each padded slot (pads -> 0)
+    gather_index: torch.Tensor  # [batch * max_len] flat-buffer row for each padded slot (pads -> a real row)
     scatter_index: torch.Tensor  # [total] padded slot of each flat-buffer row
     key_mask: torch.Tensor | None  # [batch, 1, 1, max_len] True where a key is real; None if no pads
     groups: list[PaddedGroup]
@@ -122,11 +122,16 @@ def _group(lens: torch.Tensor, cu: torch.Tensor, members: list[int], device: tor
     )
 
 
+def mask_padding(bias: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """An additive bias with -inf where `key_mask` says a key is padding (`bias` itself when none is)."""
+    if key_mask is None:
+        return bias
+    return torch.where(key_mask, bias, torch.full((), float("-inf"), dtype=bias.dtype, device=bias.device))
+
+
 def padded_bias(bias: torch.Tensor, pack: PackInfo) -> torch.Tensor:
     """An additive `[1, heads, max_len, max_len]` bias with the key padding of `pack` folded in."""
-    if pack.key_mask is None:
-        return bias
-    return torch.where(pack.key_mask, bias, torch.full((), float("-inf"), dtype=bias.dtype, device=bias.device))
+    return mask_padding(bias, pack.key_mask)
 
 
 def _to_padded(x: torch.Tensor, pack: PackInfo) -> torch.Tensor:
@@ -219,23 +224,22 @@ def attend(
     # An additive float bias (MPNet's relative positions) would be rounded to bf16 with the scores: on 100
     # real articles MPNet's min cosine vs float32 fell 0.99994 -> 0.99989; SDPA adds it in float32.
     additive = mask is not None and mask.dtype != torch.bool
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or additive or per_sequence > BF16_ATTENTION_MAX_SCORES:
-        if causal and mask is not None:  # SDPA takes a mask or is_causal, not both
-            future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    sdpa = q.dtype != torch.bfloat16 or q.device.type != "cpu" or additive or per_sequence > BF16_ATTENTION_MAX_SCORES
+    if causal and (mask is not None or not sdpa):
+        # Causality folded into the mask: SDPA takes a mask or is_causal, not both; the matmuls take a mask.
+        future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+        if mask is None:
+            mask = ~future
+        else:
             mask = mask & ~future if mask.dtype == torch.bool else mask.masked_fill(future, float("-inf"))
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
-        )
+        causal = False
+    if sdpa:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
     if k.shape[1] != heads:
         k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
-    if mask is not None:  # boolean: 0 / -inf are exact in bf16
+    if mask is not None:  # boolean here: 0 / -inf are exact in bf16; as [batch|1, heads|1, len|1, len]
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-    if causal:
-        future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-        causal_bias = torch.zeros(length, length, dtype=q.dtype, device=q.device).masked_fill_(future, float("-inf"))
-        mask = causal_bias if mask is None else mask + causal_bias
-    if mask is not None:
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # [batch|1, heads|1, len|1, len]
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     alpha = dim**-0.5 if scale is None else scale
     out = q.new_empty(batch, heads, length, dim)
     step = max(1, BF16_ATTENTION_CHUNK_SCORES // per_sequence)
@@ -281,9 +285,7 @@ def grouped_attention(
         q, k, v = split(padded)
         mask = None if causal else group.key_mask
         if bias is not None:
-            mask = bias[..., : group.max_len, : group.max_len]
-            if group.key_mask is not None:
-                mask = torch.where(group.key_mask, mask, torch.full((), float("-inf"), dtype=mask.dtype, device=mask.device))
+            mask = mask_padding(bias[..., : group.max_len, : group.max_len], group.key_mask)
         res = attend(q, k, v, mask, causal=causal, scale=scale, gqa=gqa)
         heads, dim = res.shape[1], res.shape[3]
         rows = res.transpose(1, 2).reshape(group.batch * group.max_len, heads, dim).index_select(0, group.scatter_index)
