@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
-# Activations oneDNN applies as a post-op: name -> (attr, algorithm) of `mkldnn::_linear_pointwise`.
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation (transformers' gelu_new / gelu_fast / gelu_pytorch_tanh)."""
     return F.gelu(x, approximate="tanh")
 
 
+# Activations oneDNN applies as a post-op: function -> (attr, algorithm) of `mkldnn::_linear_pointwise`.
 FUSED_ACTIVATIONS: dict[Callable[[torch.Tensor], torch.Tensor], tuple[str, str]] = {
     F.gelu: ("gelu", "none"),
     gelu_tanh: ("gelu", "tanh"),
