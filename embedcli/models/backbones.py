@@ -1,7 +1,7 @@
-"""Which model types run on embedcli's own packed backbones, and building one (with its head) from a folder.
+"""Building an own packed backbone (with its head) from a folder, as the registry's plan names it.
 
-Everything here reads config.json and safetensors directly; a checkpoint a backbone does not compute
-exactly raises `UnsupportedCheckpoint`, and the loader then keeps transformers' modules for it.
+Which model types have one, and for which config values, is the registry's (`embedcli.models.registry`);
+everything here reads config.json and safetensors directly.
 """
 
 from __future__ import annotations
@@ -20,24 +20,6 @@ from embedcli.models.layers import (
     skip_init_weights,
 )
 from embedcli.models.spec import ModelSpec
-
-# model_type -> (module, class), named as vLLM names its model files.
-FAMILIES: dict[str, tuple[str, str]] = {
-    "bert": ("embedcli.models.bert", "BertModel"),
-    "roberta": ("embedcli.models.roberta", "RobertaModel"),
-    "xlm-roberta": ("embedcli.models.roberta", "RobertaModel"),
-    "camembert": ("embedcli.models.roberta", "RobertaModel"),
-    "distilbert": ("embedcli.models.distilbert", "DistilBertModel"),
-    "mpnet": ("embedcli.models.mpnet", "MPNetModel"),
-    "llama": ("embedcli.models.llama", "LlamaModel"),
-    "mistral": ("embedcli.models.llama", "LlamaModel"),
-    "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
-    "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
-}
-
-def has_own_backbone(model_type: str) -> bool:
-    """Whether embedcli implements this model type itself."""
-    return model_type in FAMILIES
 
 
 def _linear(weights: Weights, name: str, *, bias: bool = True) -> nn.Linear:
@@ -69,14 +51,19 @@ def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
     return nn.Sequential(_linear(weights, "classifier.dense"), nn.Tanh(), _linear(weights, "classifier.out_proj"))
 
 
+def backbone_class(backbone: str) -> type[nn.Module]:
+    """The class a registry entry names as `module:Class`."""
+    module_name, _, class_name = backbone.partition(":")
+    cls: type[nn.Module] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
 def load_own_backbone(
-    spec: ModelSpec, dtype: torch.dtype, device: torch.device
+    spec: ModelSpec, backbone: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[nn.Module, nn.Module | None]:
-    """The own backbone of `spec` (eval, no grad) and its float32 classifier head (None for base models)."""
-    if spec.model_type not in FAMILIES:
-        raise UnsupportedCheckpoint(f"model_type {spec.model_type!r} has no own backbone")
-    module_name, class_name = FAMILIES[spec.model_type]
-    cls = getattr(importlib.import_module(module_name), class_name)
+    """The own backbone `backbone` ("module:Class") of `spec` (eval, no grad) and its float32 classifier head
+    (None for base models)."""
+    cls = backbone_class(backbone)
     config = JsonConfig.read(spec.path)
     state = load_state_dict(Path(spec.path), spec.weights)
     with skip_init_weights():

@@ -71,9 +71,12 @@ def load_state_dict(folder: str | Path, files: Iterable[str]) -> StateDict:
 
     state: StateDict = {}
     for name in files:
-        if not name.endswith(".safetensors"):
-            raise UnsupportedCheckpoint(f"{name}: own backbones read safetensors only")
-        state.update(load_file(str(Path(folder) / name)))
+        path = Path(folder) / name
+        if name.endswith(".safetensors"):
+            state.update(load_file(str(path)))
+        else:
+            # Pickle weights come here only under --allow-pickle; weights_only still refuses pickled code.
+            state.update(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
     return state
 
 

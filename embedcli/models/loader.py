@@ -1,4 +1,5 @@
-"""Load a resolved model: tokenizer, transformers backbone on the packed attention, projector and classifier heads."""
+"""Load a resolved model: tokenizer, the backbone its registry plan names (own, packed; or transformers' modules in
+padded batches), projector and classifier heads."""
 
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint, UsageError
-from embedcli.models.backbones import has_own_backbone, load_own_backbone
+from embedcli.models.backbones import load_own_backbone
 from embedcli.models.decoder_tokenizer import load_decoder_tokenizer_json
 from embedcli.models.lm_heads import lm_pooler, lm_score_head, mlm_head
 from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
-from embedcli.models.packing import PackInfo, packed_attention, padded_bias, register_packed_attention
+from embedcli.models.packing import PackInfo
+from embedcli.models.padded import HIDDEN, SEQUENCE_LOGITS, TOKEN_LOGITS, PaddedBackbone
 from embedcli.models.precision import (
     cpu_has_native_bf16,
     decide_auto_dtype,
     device_kind,
     task_for_head,
 )
-from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
+from embedcli.models.registry import BackbonePlan, plan_backbone
+from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenizer import load_tokenizer_json
 from embedcli.models.weights_file import check_safetensors
 from embedcli.pooling import (
@@ -45,7 +48,6 @@ from embedcli.pooling.activations import load_st_activation, st_classifier_activ
 # (The environment is left alone: `embedcli.models.resolve` downloads a Hub id before loading, unless the
 # user set HF_HUB_OFFLINE.)
 
-_TOKEN_TYPE_MODELS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -103,30 +105,6 @@ def _load_dense(folder: Path, dense: DenseSpec) -> nn.Module:
     raise ModelConfigError(f"{weights_path}: no 'linear.weight' (or 'weight', 'dense.weight') tensor found")
 
 
-class _FirstTokenHead(nn.Module):
-    """Adapts a head that indexes `features[:, 0]` (RoBERTa style) to take pooled `[batch, hidden]`."""
-
-    def __init__(self, head: nn.Module) -> None:
-        super().__init__()
-        self.head = head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x.unsqueeze(1))
-
-
-def _sequence_classifier(model: nn.Module, model_type: str, is_decoder: bool) -> nn.Module:
-    """The part of a `*ForSequenceClassification` model that maps the pooled vector to logits."""
-    if is_decoder:
-        return model.score
-    if model_type in ("bert",):
-        return nn.Sequential(model.bert.pooler.dense, nn.Tanh(), model.classifier)
-    if model_type == "distilbert":
-        return nn.Sequential(model.pre_classifier, nn.ReLU(), model.classifier)
-    if model_type in ("roberta", "xlm-roberta", "camembert", "mpnet", "electra"):
-        return _FirstTokenHead(model.classifier)
-    raise ModelConfigError(f"Sequence classification is not supported for model_type {model_type!r}")
-
-
 def quantize_linear_int8(module: nn.Module) -> nn.Module:
     """Int8 dynamic quantization (per output channel) of every Linear layer; CPU only, lossy, opt-in."""
     # Imported here: torch.ao.quantization is loaded only for the opt-in int8 path.
@@ -165,6 +143,7 @@ class LoadedModel:
         # of 0.99990 on long BBC articles (bf16 LayerNorm/residual rounding accumulates over layers).
         self.autocast = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.weight_dtype = torch.float32 if self.autocast else self.dtype
+        self.plan = self._plan()
         own = self._load_own_backbone()
         self.own_backbone = own is not None
         self.tokenizer = self._load_tokenizer()
@@ -184,19 +163,22 @@ class LoadedModel:
             self._settle_auto_dtype()
 
     # -- loading -----------------------------------------------------------------------------------
+    def _plan(self) -> BackbonePlan:
+        """The registry's plan: the spec's (planned with EMBEDCLI_BACKBONE), or again for another choice."""
+        spec = self.spec
+        if self.options.backbone == "auto" and spec.backbone_reason:
+            return BackbonePlan(spec.registry_entry, spec.own_backbone, spec.backbone, spec.backbone_reason, spec.causal)
+        return plan_backbone(read_config(spec.path), spec.head, self.options.backbone)
+
     def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
         """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""
-        choice = self.options.backbone
-        if choice == "transformers" or (choice == "auto" and not has_own_backbone(self.spec.model_type)):
+        if not self.plan.own:
             return None
         try:
-            model, classifier = load_own_backbone(self.spec, self.weight_dtype, self.device)
+            model, classifier = load_own_backbone(self.spec, self.plan.backbone, self.weight_dtype, self.device)
         except UnsupportedCheckpoint as e:
-            if choice == "own":
-                raise ConfigRefusedError(
-                    f"{self.spec.path}: embedcli's own backbone cannot run this model: {e} (EMBEDCLI_BACKBONE=own)"
-                ) from e
-            return None
+            # The registry declared every numbers-changing key implemented: a refusal here is a registry gap.
+            raise ConfigRefusedError(f"{self.spec.path}: the own backbone {self.plan.backbone} refused it: {e}") from e
         if self.options.quantize:  # on the CPU in float32: checked in __init__ and by ModelOptions
             model = quantize_linear_int8(model)
         return model, classifier
@@ -239,6 +221,7 @@ class LoadedModel:
         return tokenizer
 
     def _load_backbone(self) -> tuple[nn.Module, nn.Module | None]:
+        """transformers' own modules (the exact fallback), in padded batches with their own attention."""
         import transformers  # heavy; loaded only when a model is built
 
         # Our own progress goes to stderr; transformers' per-weight loading bar is noise there.
@@ -246,9 +229,7 @@ class LoadedModel:
         transformers.utils.logging.set_verbosity_error()
 
         spec = self.spec
-        impl = register_packed_attention()
         kwargs = {
-            "attn_implementation": impl,
             "dtype": self.weight_dtype,
             "local_files_only": True,
             "trust_remote_code": self.options.trust_remote_code,
@@ -263,32 +244,29 @@ class LoadedModel:
         }[spec.head]
         try:
             model = auto.from_pretrained(spec.path, **kwargs)
-        except (OSError, ValueError, RuntimeError) as e:
-            raise ModelConfigError(f"{spec.path}: the model weights could not be loaded: {e}") from e
+        except (OSError, ValueError, RuntimeError, ImportError) as e:
+            raise ModelConfigError(f"{spec.path}: transformers could not load the model: {_first_line(e)}") from e
         model = model.to(self.device).eval()
         if self.options.quantize:
             model = quantize_linear_int8(model)
-        classifier: nn.Module | None = None
-        if spec.head == "base":
-            backbone = model
-        elif spec.head in ("lm_score", "sparse"):
-            backbone = getattr(model, model.base_model_prefix)
-            # Only the LM head's rows for the score tokens are kept; the [vocab, hidden] head is dropped.
-            classifier = lm_score_head(model, spec) if spec.head == "lm_score" else mlm_head(model, spec)
-        else:
-            backbone = getattr(model, model.base_model_prefix)
-            if spec.head == "sequence_classification":
-                classifier = _sequence_classifier(model, spec.model_type, spec.is_decoder)
-            else:
-                classifier = model.classifier
-            classifier = classifier.to(torch.float32)
-            if getattr(backbone, "pooler", None) is not None:
-                # BERT's pooler now belongs to the (float32) classifier head; the backbone must not run it
-                # on its own (bf16) hidden states.
-                backbone.pooler = None
         for p in model.parameters():
             p.requires_grad_(False)
-        return backbone, classifier
+        pad_id = _pad_id(model.config, getattr(self, "hf_tokenizer", None))
+        padded = {"pad_id": pad_id, "token_types": True}
+        classifier: nn.Module | None = None
+        if spec.head == "base":
+            return PaddedBackbone(model, output=HIDDEN, **padded), None
+        if spec.head in ("lm_score", "sparse"):
+            # Only the LM head's rows for the score tokens are kept; the [vocab, hidden] head is dropped.
+            classifier = lm_score_head(model, spec) if spec.head == "lm_score" else mlm_head(model, spec)
+            return PaddedBackbone(getattr(model, model.base_model_prefix), output=HIDDEN, **padded), classifier
+        # A classifier runs whole, as transformers (and CrossEncoder) run it, whatever its head is made of: its
+        # logits come out on the row the classify pooler picks, which then applies the identity.
+        if spec.head == "sequence_classification":
+            backbone = PaddedBackbone(model, output=SEQUENCE_LOGITS, pool_last=spec.is_decoder, **padded)
+        else:
+            backbone = PaddedBackbone(model, output=TOKEN_LOGITS, **padded)
+        return backbone, nn.Identity()
 
     def _build_pooler(self, classifier: nn.Module | None) -> Pooler:
         spec, cfg = self.spec, self.pooler_config
@@ -368,7 +346,7 @@ class LoadedModel:
     def position_ids(self, lengths: list[int]) -> torch.Tensor:
         """Positions restarting at each sequence (plus the fairseq padding offset where the model has one)."""
         offset = 0
-        if self.spec.model_type in POSITION_OFFSET_TYPES:
+        if self.spec.position_offset:
             offset = int(getattr(self.backbone.config, "pad_token_id", 1) or 1) + 1
         return torch.cat([torch.arange(offset, n + offset) for n in lengths])
 
@@ -393,13 +371,9 @@ class LoadedModel:
 
         Runs inside the caller's inference mode and `compute_context`; `prefix` is a `kv_cache.PrefixSlice`.
         """
-        if self.own_backbone:
-            return self.backbone(input_ids, positions, pack, None, prefix)
-        out = self.backbone(
-            input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
-            embedcli_pack=pack, embedcli_prefix=prefix,
-        )
-        return out.last_hidden_state[0]
+        if not self.own_backbone:
+            raise RuntimeError("chunked prefill runs on own backbones only (the fallback runs whole sequences)")
+        return self.backbone(input_ids, positions, pack, None, prefix)
 
     def _forward_packed(
         self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None
@@ -407,19 +381,8 @@ class LoadedModel:
         pack = PackInfo.build(lengths, self.device)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = self.position_ids(lengths).to(self.device, non_blocking=True)
-        if self.own_backbone:
-            types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)
-            return self.backbone(ids, positions, pack, types)
-        if self.spec.model_type == "mpnet":
-            return _mpnet_packed_forward(self.backbone, ids, positions, pack)
-        kwargs: dict[str, object] = {"embedcli_pack": pack}
-        if self.spec.model_type in _TOKEN_TYPE_MODELS:
-            types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids.to(self.device)
-            kwargs["token_type_ids"] = types[None]
-        if self.spec.is_decoder:
-            kwargs["use_cache"] = False
-        out = self.backbone(input_ids=ids[None], position_ids=positions[None], **kwargs)
-        return out.last_hidden_state[0]
+        types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)
+        return self.backbone(ids, positions, pack, types)
 
 
 def _explicit_reason(options: ModelOptions, dtype: torch.dtype, quantized_auto: bool) -> str:
@@ -434,25 +397,23 @@ def _explicit_reason(options: ModelOptions, dtype: torch.dtype, quantized_auto: 
     return f"auto: {name}"
 
 
-def _mpnet_packed_forward(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo) -> torch.Tensor:
-    """MPNet on a packed buffer: its relative position bias is built once for the longest sequence.
+def read_config(folder: str) -> dict[str, object]:
+    """The model's config.json."""
+    import json
 
-    transformers' MPNet does not use the attention interface and would build a `[total, total]` bias;
-    the layers' own modules run here on the flat buffer, attention on the padded view.
-    """
-    x = model.embeddings(input_ids=ids[None], position_ids=positions[None])[0]
-    encoder = model.encoder
-    heads = encoder.n_heads
-    # Bias depends only on relative positions, so one [1, heads, L, L] table serves every sequence.
-    bias = encoder.compute_position_bias(x.new_empty(1, pack.max_len, 1)).to(x.dtype)
-    bias = padded_bias(bias, pack)
-    head_dim = x.shape[-1] // heads
-    for layer in encoder.layer:
-        attn = layer.attention.attn
-        q = attn.q(x).view(-1, heads, head_dim)
-        k = attn.k(x).view(-1, heads, head_dim)
-        v = attn.v(x).view(-1, heads, head_dim)
-        context = packed_attention(q, k, v, pack, causal=False, attn_bias=bias)
-        attention_output = layer.attention.LayerNorm(attn.o(context.reshape(x.shape)) + x)
-        x = layer.output(layer.intermediate(attention_output), attention_output)
-    return x
+    with (Path(folder) / "config.json").open(encoding="utf-8") as f:
+        return dict(json.load(f))
+
+
+def _pad_id(config: object, tokenizer: object) -> int:
+    """The id padded slots get: the config's, else the tokenizer's, else 0 (masked out either way; RoBERTa-style
+    position ids need the config's padding index there)."""
+    for value in (getattr(config, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None)):
+        if isinstance(value, int) and value >= 0:
+            return value
+    return 0
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

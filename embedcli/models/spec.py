@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.families import FAMILY_FIELDS, read_reranker, read_splade
 from embedcli.models.llm_reranker import RerankerFlags, score_formula
+from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
+from embedcli.models.remote_code import check_loadable
 from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
 from embedcli.models.st_config import (
     MODE_TYPES,
@@ -23,15 +26,12 @@ from embedcli.models.st_config import (
     read_pooling,
     read_similarity,
     refuse_modular_cross_encoder,
+    refuse_non_transformer,
 )
 from embedcli.models.weights_file import check_safetensors
 
-DECODER_TYPES = frozenset(
-    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
-)
-ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "camembert", "electra"})
-# Encoders whose position ids start after the padding index (fairseq style).
-POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
+# How the model runs (own backbone or the fallback) changes the last bits, not what a resumed run must match.
+_HOW_IT_RUNS = ("backbone", "backbone_reason", "registry_entry", "packing", "causal", "position_offset")
 
 __all__ = ["ConfigRefusedError", "DenseSpec", "ModelConfigError", "ModelSpec", "load_model_spec"]
 
@@ -95,7 +95,19 @@ class ModelSpec:
     sparse_pooling: str | None = None
     sparse_activation: str | None = None
     sparse_top_k: int | None = None
+    # The registry's plan (`embedcli.models.registry.plan_backbone`): what runs the model, and why.
+    registry_entry: str = ""
+    backbone: str = "transformers"  # "module:Class" of the own backbone, or "transformers" (padded batches)
+    backbone_reason: str = ""
+    packing: bool = False
+    causal: bool = False  # causal attention (decoders): chunked prefill can slice a long sequence
+    position_offset: bool = False  # fairseq position ids (RoBERTa, MPNet): they start after the padding index
     content_hash: str = field(default="", compare=False)
+
+    @property
+    def own_backbone(self) -> bool:
+        """Whether embedcli's own varlen backbone runs the model (else transformers' modules, padded)."""
+        return self.backbone != "transformers"
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -168,7 +180,7 @@ class ModelSpec:
     def config_hash(self) -> str:
         """A short hash of everything that changes the numbers this model produces."""
         data = self.to_dict()
-        for volatile in ("name", "path"):
+        for volatile in ("name", "path", *_HOW_IT_RUNS):
             data.pop(volatile)
         # Fields of the LLM-reranker and SPLADE heads are left out while unset, so every other model keeps
         # the hash (and its outputs stay resumable and --incremental) across this addition.
@@ -240,7 +252,7 @@ def _hash_files(folder: Path, names: list[str]) -> str:
 
 @dataclass(frozen=True)
 class _BaseConfig:
-    """What config.json says: architecture, head, model type and size."""
+    """What config.json says: architecture, head, model type and size, and the registry's plan for it."""
 
     config: dict[str, Any]
     architecture: str
@@ -250,33 +262,42 @@ class _BaseConfig:
     hidden: int
 
 
-def _read_base_config(folder: Path, trust_remote_code: bool) -> _BaseConfig:
+def _is_decoder(model_type: str, architecture: str, config: dict[str, Any]) -> bool:
+    entry = REGISTRY.get(model_type)
+    if entry is not None:
+        return entry.decoder
+    # A type only transformers knows: its causal-LM classes name it.
+    return architecture.endswith(("ForCausalLM", "LMHeadModel")) or bool(config.get("is_decoder"))
+
+
+def _read_base_config(folder: Path) -> _BaseConfig:
     config_path = folder / "config.json"
     if not config_path.is_file():
+        refuse_non_transformer(folder)
         raise ModelConfigError(f"{config_path}: missing; pass a model folder that holds config.json")
     config = read_json(config_path)
-    if config.get("auto_map") and not trust_remote_code:
-        raise ModelConfigError(
-            f"{config_path}: the model asks for its own Python code (auto_map); embedcli does not run remote "
-            "code. Use a model transformers ships, or pass --trust-remote-code if you trust it."
-        )
     architecture = (config.get("architectures") or ["AutoModel"])[0]
     model_type = str(config.get("model_type", ""))
-    if model_type not in ENCODER_TYPES | DECODER_TYPES:
-        raise ModelConfigError(
-            f"{config_path}: model_type {model_type!r} is not supported; embedcli runs "
-            f"{', '.join(sorted(ENCODER_TYPES | DECODER_TYPES))}"
-        )
-    if not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
+    if not model_type:
+        raise ModelConfigError(f"{config_path}: no model_type; is this a transformers model folder?")
+    if not any((folder / n).is_file() for n in TOKENIZER_FILES):
         raise ModelConfigError(f"{folder}: no tokenizer files (tokenizer.json) found; the model folder is incomplete")
     return _BaseConfig(
         config=config,
         architecture=architecture,
         model_type=model_type,
         head=_head_kind(architecture),
-        is_decoder=model_type in DECODER_TYPES,
-        hidden=int(config.get("hidden_size") or config.get("dim") or 0),
+        is_decoder=_is_decoder(model_type, architecture, config),
+        hidden=int(config.get("hidden_size") or config.get("dim") or config.get("d_model") or config.get("n_embd") or 0),
     )
+
+
+def _plan(folder: Path, base: _BaseConfig, head: str, trust_remote_code: bool, backbone: str | None) -> BackbonePlan:
+    """The registry's plan for the checkpoint, refused here if nothing can load it as asked."""
+    choice = backbone or os.environ.get("EMBEDCLI_BACKBONE", "auto")
+    plan = plan_backbone(base.config, head, choice)
+    check_loadable(folder, base.config, plan, trust_remote_code)
+    return plan
 
 
 @dataclass(frozen=True)
@@ -324,9 +345,13 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
                     family.get("logit_score"))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+
+
 def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layout: bool, requested: int | None) -> int:
-    model_max = int(base.config.get("max_position_embeddings") or 512)
-    if base.model_type in POSITION_OFFSET_TYPES:
+    entry = REGISTRY.get(base.model_type)
+    model_max = int(base.config.get("max_position_embeddings") or base.config.get("n_positions") or 512)
+    if entry is not None and entry.position_offset:
         model_max -= 2
     if requested is not None:
         if requested < 1 or requested > model_max:
@@ -381,17 +406,20 @@ def load_model_spec(
     trust_remote_code: bool = False,
     max_length: int | None = None,
     reranker: RerankerFlags | None = None,
+    backbone: str | None = None,
 ) -> ModelSpec:
     """Resolve `model` (offline first; a Hub id not found locally is downloaded) and read it into a `ModelSpec`.
 
     `reranker`: flags that turn a causal LM into a yes/no reranker (or override what its checkpoint says).
+    `backbone`: auto / own / transformers (default: the EMBEDCLI_BACKBONE environment variable, else auto).
     """
     folder = resolve_model_path(model, allow_pickle=allow_pickle)
-    base = _read_base_config(folder, trust_remote_code)
+    base = _read_base_config(folder)
     weights = _weights(folder, allow_pickle)
     mods = _read_modules(folder, base)
     st_cfg = _optional_json(folder / ST_CONFIG)
     head, family = _family(folder, base, mods, st_cfg, reranker)
+    plan = _plan(folder, base, head, trust_remote_code, backbone)
     refuse_modular_cross_encoder(folder, st_cfg, mods.types, head)
     sbert = _optional_json(folder / "sentence_bert_config.json")
     config = base.config
@@ -434,6 +462,12 @@ def load_model_spec(
         activation_source=activation.source if activation else "",
         similarity_source=similarity_source,
         weights=weights,
+        registry_entry=plan.entry,
+        backbone=plan.backbone,
+        backbone_reason=plan.reason,
+        packing=plan.packing,
+        causal=plan.causal,
+        position_offset=bool(REGISTRY.get(base.model_type) and REGISTRY[base.model_type].position_offset),
         content_hash=_hash_files(
             folder,
             ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector),

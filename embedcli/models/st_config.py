@@ -254,3 +254,34 @@ def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
     else:
         rows.append(("activation", f"{_classifier_activation_name(info)} ({info['activation_source']})"))
     return rows
+
+
+# First modules of sentence-transformers folders that hold no transformer: what each is, and what embedcli does.
+_NON_TRANSFORMER_MODULES = {
+    "StaticEmbedding": "a static embedding table (a tokenizer and a mean of rows, no transformer)",
+    "CLIPModel": "a CLIP image-and-text model",
+    "WordEmbeddings": "classic word embeddings (GloVe-style)",
+    "BoW": "a bag-of-words model",
+}
+
+
+def refuse_non_transformer(folder: Path) -> None:
+    """Refuse a sentence-transformers folder whose first module is not a Transformer, naming the module type
+    (else the missing config.json would read as a broken download)."""
+    path = folder / "modules.json"
+    try:
+        modules = read_json(path) if path.is_file() else None
+    except ModelConfigError:
+        return
+    if not isinstance(modules, list) or not modules or not isinstance(modules[0], dict):
+        return
+    kind = str(modules[0].get("type", ""))
+    known = ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]
+    if not kind or kind in known:
+        return
+    name = kind.rpartition(".")[2]
+    what = _NON_TRANSFORMER_MODULES.get(name, "not a transformer")
+    raise ConfigRefusedError(
+        f"{path}: the first module is {kind} ({what}); embedcli runs sentence-transformers models whose first "
+        "module is a Transformer, so this model is not supported"
+    )

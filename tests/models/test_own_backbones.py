@@ -59,7 +59,7 @@ def test_own_backbone_is_used(name, tiny_model) -> None:
     assert loaded.own_backbone
     assert type(loaded.backbone).__module__.startswith("embedcli.models.")
     forced = _load(tiny_model(name), "transformers")
-    assert not forced.own_backbone and type(forced.backbone).__module__.startswith("transformers.")
+    assert not forced.own_backbone and type(forced.backbone.model).__module__.startswith("transformers.")
 
 
 def _max_diff_alone(loaded: LoadedModel, reference, texts, budget: int) -> float:  # type: ignore[no-untyped-def]

@@ -224,9 +224,29 @@ def test_safetensors_preferred_over_pickle(tiny_model, tmp_path) -> None:
 def test_auto_map_needs_trust_remote_code(tiny_model, tmp_path) -> None:
     folder = copy_model(tiny_model("bert"), tmp_path / "m")
     edit_json(folder / "config.json", lambda c: c.update(auto_map={"AutoModel": "modeling_custom.CustomModel"}))
-    with pytest.raises(ModelConfigError, match=r"config\.json: .*auto_map.*--trust-remote-code"):
+    # The flag is suggested only once the code it would run is there.
+    with pytest.raises(ModelConfigError, match=r"config\.json: .*auto_map.*modeling_custom\.py, which is not in"):
         load_model_spec(str(folder))
-    assert load_model_spec(str(folder), trust_remote_code=True).model_type == "bert"
+    with pytest.raises(ModelConfigError, match=r"modeling_custom\.py, which is not in"):
+        load_model_spec(str(folder), trust_remote_code=True)
+    (folder / "modeling_custom.py").write_text("")
+    with pytest.raises(ModelConfigError, match=r"config\.json: .*auto_map.*pass --trust-remote-code if you trust it"):
+        load_model_spec(str(folder))
+    spec = load_model_spec(str(folder), trust_remote_code=True)
+    assert spec.model_type == "bert" and not spec.own_backbone and "auto_map" in spec.backbone_reason
+
+
+def test_code_in_another_repository_is_named(tiny_model, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder = copy_model(tiny_model("bert"), tmp_path / "m")
+    ref = "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel"
+    edit_json(folder / "config.json", lambda c: c.update(auto_map={"AutoModel": ref}))
+    for trust in (False, True):
+        with pytest.raises(ModelConfigError, match=r"another repository, jinaai/jina-bert-implementation .*not in the local"):
+            load_model_spec(str(folder), trust_remote_code=trust)
 
 
 def test_missing_weights(tiny_model, tmp_path) -> None:
@@ -260,8 +280,8 @@ def test_broken_json_names_the_file(tiny_model, tmp_path) -> None:
 
 def test_unsupported_model_type(tiny_model, tmp_path) -> None:
     folder = copy_model(tiny_model("bert"), tmp_path / "m")
-    edit_json(folder / "config.json", lambda c: c.update(model_type="gpt2"))
-    with pytest.raises(ModelConfigError, match="model_type 'gpt2' is not supported"):
+    edit_json(folder / "config.json", lambda c: c.update(model_type="no_such_model"))
+    with pytest.raises(ModelConfigError, match="model_type 'no_such_model' is neither in embedcli's registry nor"):
         load_model_spec(str(folder))
 
 

@@ -1,0 +1,248 @@
+"""The model registry: one declarative entry per architecture, and the torch-free resolver of a folder's plan.
+
+An entry says which backbone implements the architecture (embedcli's own varlen module on the packed buffer,
+or none: transformers' own modules in padded batches, the exact fallback), which heads the own backbone
+serves, and every config.json key that changes the numbers, with the values the own backbone computes. A
+checkpoint whose config holds any other value of such a key runs on the fallback, never on a backbone that
+would ignore it. `plan_backbone` is the one place that decides; the spec (and so the output's provenance),
+the loader, the runner and `embedcli info` all read its `BackbonePlan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from embedcli.errors import ConfigRefusedError
+
+Config = Mapping[str, Any]
+
+# The activations the own backbones implement (`embedcli.models.layers.ACTIVATIONS`, checked by a test).
+OWN_ACTIVATIONS = frozenset(
+    {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu", "swish", "tanh"}
+)
+# The own backbones' RoPE kinds (`embedcli.models.llama.rope_inv_freq`).
+OWN_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
+
+HEADS = ("base", "sequence_classification", "token_classification", "lm_score", "sparse")
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A config.json key that changes the numbers, and which of its values the own backbone computes."""
+
+    name: str
+    default: Any  # its value when config.json lacks it (or holds null), as transformers' config class has it
+    accepts: Callable[[Any, Config], bool]  # (value, whole config) -> implemented by the own backbone
+    means: str  # what the key does, for `embedcli info` and the fallback's reason
+
+    def value(self, config: Config) -> Any:
+        """The key's value in `config`, or its default."""
+        value = config.get(self.name)
+        return self.default if value is None else value
+
+
+def any_value(_value: Any, _config: Config) -> bool:
+    """Every value is implemented (the key is read by the own backbone)."""
+    return True
+
+
+def equals(*allowed: Any) -> Callable[[Any, Config], bool]:
+    """Only these values are implemented."""
+    return lambda value, _config: value in allowed
+
+
+def falsy(value: Any, _config: Config) -> bool:
+    """Implemented only while off (false, 0, empty)."""
+    return not value
+
+
+def _activation(value: Any, _config: Config) -> bool:
+    return isinstance(value, str) and value in OWN_ACTIVATIONS
+
+
+def _rope(value: Any, config: Config) -> bool:
+    params = dict(value or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    return kind in OWN_ROPE_TYPES and (partial is None or float(partial) == 1.0)
+
+
+def _no_short_window(value: Any, config: Config) -> bool:
+    """A sliding window counts only where it is shorter than the context and switched on."""
+    if value is None or config.get("use_sliding_window") is False:
+        return True
+    return int(value) >= int(config.get("max_position_embeddings") or 0)
+
+
+def _no_sliding_layers(value: Any, _config: Config) -> bool:
+    return "sliding_attention" not in (value or [])
+
+
+ENCODER_ACT = ConfigKey("hidden_act", "gelu", _activation, "the feed-forward activation")
+EPS = ConfigKey("layer_norm_eps", 1e-12, any_value, "LayerNorm epsilon")
+BERT_KEYS = (
+    ConfigKey("position_embedding_type", "absolute", equals("absolute"), "absolute or relative position embeddings"),
+    ConfigKey("is_decoder", False, falsy, "causal self-attention"),
+    ConfigKey("add_cross_attention", False, falsy, "cross-attention layers"),
+    ENCODER_ACT,
+    EPS,
+    ConfigKey("type_vocab_size", 2, any_value, "token type embeddings"),
+)
+DECODER_KEYS = (
+    ConfigKey("hidden_act", "silu", _activation, "the MLP activation"),
+    ConfigKey("rms_norm_eps", 1e-6, any_value, "RMSNorm epsilon"),
+    ConfigKey("rope_theta", 10000.0, any_value, "RoPE base"),
+    ConfigKey("rope_scaling", None, _rope, "RoPE scaling kind (older name)"),
+    ConfigKey("rope_parameters", None, _rope, "RoPE kind and base"),
+    ConfigKey("partial_rotary_factor", 1.0, equals(1, 1.0), "the share of each head RoPE rotates"),
+    ConfigKey("head_dim", None, any_value, "per-head width"),
+    ConfigKey("num_key_value_heads", None, any_value, "grouped-query attention"),
+    ConfigKey("sliding_window", None, _no_short_window, "sliding-window attention"),
+    ConfigKey("layer_types", None, _no_sliding_layers, "per-layer attention kinds (sliding layers)"),
+    ConfigKey("use_bidirectional_attention", False, falsy, "bidirectional instead of causal attention"),
+    ConfigKey("attn_logit_softcapping", None, equals(None), "tanh softcap of the attention scores"),
+)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One architecture: its backbone, the heads that backbone serves, and the config keys that change numbers."""
+
+    name: str
+    model_types: tuple[str, ...]
+    backbone: str | None  # "module:Class" of the own varlen backbone; None: transformers' modules only
+    heads: frozenset[str] = frozenset(HEADS)  # the heads the own backbone serves
+    keys: tuple[ConfigKey, ...] = ()
+    decoder: bool = False  # a causal-LM family: LAST pooling by default, decoder tokenizers, LM-head rerankers
+    position_offset: bool = False  # fairseq position ids, starting after the padding index
+    token_types: bool = False  # the forward takes token type ids
+    bidirectional_key: str | None = None  # a decoder whose config can switch causal attention off
+    # The checkpoints ship their architecture as remote code (auto_map) that the own backbone reimplements
+    # natively, as vLLM and TEI do (NomicBERT, GTE NewModel); for any other entry an auto_map means the
+    # checkpoint's own code defines the model, and only that code (--trust-remote-code) runs it.
+    replaces_remote_code: bool = False
+
+    def causal(self, config: Config) -> bool:
+        """Whether attention is causal for this checkpoint (what chunked prefill needs)."""
+        return self.decoder and not (self.bidirectional_key and config.get(self.bidirectional_key))
+
+
+def _entries() -> tuple[ModelEntry, ...]:
+    bert_like = {"keys": BERT_KEYS, "token_types": True}
+    roberta_like = {
+        **bert_like,
+        "keys": (*BERT_KEYS, ConfigKey("pad_token_id", 1, any_value, "the padding id (position offset)")),
+        "position_offset": True,
+    }
+    decoder = {"keys": DECODER_KEYS, "decoder": True}
+    biased = (
+        ConfigKey("attention_bias", False, any_value, "q/k/v/o projection biases"),
+        ConfigKey("mlp_bias", False, any_value, "MLP biases"),
+    )
+    return (
+        ModelEntry("BertModel", ("bert",), "embedcli.models.bert:BertModel", **bert_like),
+        ModelEntry(
+            "RobertaModel", ("roberta", "xlm-roberta", "camembert"), "embedcli.models.roberta:RobertaModel",
+            **roberta_like,
+        ),
+        ModelEntry(
+            "DistilBertModel", ("distilbert",), "embedcli.models.distilbert:DistilBertModel",
+            keys=(
+                ConfigKey("activation", "gelu", _activation, "the feed-forward activation"),
+                ConfigKey("sinusoidal_pos_embds", False, falsy, "fixed sinusoidal position embeddings"),
+            ),
+        ),
+        ModelEntry(
+            "MPNetModel", ("mpnet",), "embedcli.models.mpnet:MPNetModel",
+            keys=(
+                ENCODER_ACT, EPS,
+                ConfigKey("relative_attention_num_buckets", 32, any_value, "relative position buckets"),
+            ),
+            position_offset=True,
+        ),
+        ModelEntry("LlamaModel", ("llama", "mistral"), "embedcli.models.llama:LlamaModel",
+                   **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
+        ModelEntry("Qwen2Model", ("qwen2",), "embedcli.models.qwen2:Qwen2Model", **decoder),
+        ModelEntry("Qwen3Model", ("qwen3",), "embedcli.models.qwen3:Qwen3Model",
+                   **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
+        # Families served by transformers' modules alone (padded batches): the exact fallback by name.
+        ModelEntry("ElectraModel", ("electra",), None, token_types=True),
+        ModelEntry("T5EncoderModel", ("t5", "mt5"), None),
+        ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True),
+        ModelEntry("GemmaModel", ("gemma", "gemma2", "gemma3_text"), None, decoder=True,
+                   bidirectional_key="use_bidirectional_attention"),
+        ModelEntry("Phi3Model", ("phi3",), None, decoder=True),
+        ModelEntry("OlmoModel", ("olmo", "olmo2"), None, decoder=True),
+    )
+
+
+REGISTRY: dict[str, ModelEntry] = {t: e for e in _entries() for t in e.model_types}
+"""model_type -> its entry."""
+
+
+def register(entry: ModelEntry) -> None:
+    """Add (or replace) an entry for its model types."""
+    for model_type in entry.model_types:
+        REGISTRY[model_type] = entry
+
+
+@dataclass(frozen=True)
+class BackbonePlan:
+    """What runs a checkpoint: the registry entry, own backbone or the exact fallback and why, packing."""
+
+    entry: str  # the registry entry's name ("" when the model type has none)
+    own: bool
+    backbone: str  # "module:Class" of the own backbone, or "transformers"
+    reason: str  # why it is own or fallback (the config key that sent it to the fallback)
+    causal: bool  # causal attention: decoder sequences over the token budget may run as chunked prefill
+
+    @property
+    def packing(self) -> bool:
+        """Sequences share one flat token buffer (own backbones only); the fallback runs padded batches."""
+        return self.own
+
+    def describe(self) -> str:
+        """One line for `embedcli info`."""
+        where = f"own backbone {self.backbone}" if self.own else "transformers' modules (exact fallback)"
+        return f"{where}; packing {'on' if self.packing else 'off (padded batches)'}: {self.reason}"
+
+
+def unimplemented_key(entry: ModelEntry, config: Config) -> str | None:
+    """`key=value (what it does)` of the first numbers-changing key the own backbone does not compute, or None."""
+    for key in entry.keys:
+        value = key.value(config)
+        if not key.accepts(value, config):
+            return f"config.json {key.name}={value!r} ({key.means})"
+    return None
+
+
+def plan_backbone(config: Config, head: str, choice: str = "auto") -> BackbonePlan:
+    """The plan of a checkpoint with this config.json and head; `choice`: auto, own (refuse the fallback) or
+    transformers (force it)."""
+    model_type = str(config.get("model_type", ""))
+    entry = REGISTRY.get(model_type)
+    name = entry.name if entry else ""
+    causal = entry.causal(config) if entry else bool(config.get("is_decoder"))
+    remote = bool(config.get("auto_map")) and not (entry is not None and entry.replaces_remote_code)
+    if remote:
+        plan = BackbonePlan(name, False, "transformers", "the checkpoint defines its model in its own code (auto_map)", causal)
+    elif entry is None or entry.backbone is None:
+        why = (
+            f"model_type {model_type!r} has no own backbone"
+            if entry is not None
+            else f"model_type {model_type!r} has no registry entry"
+        )
+        plan = BackbonePlan(name, False, "transformers", why, causal)
+    elif head not in entry.heads:
+        plan = BackbonePlan(name, False, "transformers", f"the own backbone does not serve the {head} head", causal)
+    elif (key := unimplemented_key(entry, config)) is not None:
+        plan = BackbonePlan(name, False, "transformers", f"{key} is not implemented by the own backbone", causal)
+    elif choice == "transformers":
+        plan = BackbonePlan(name, False, "transformers", "EMBEDCLI_BACKBONE=transformers", causal)
+    else:
+        plan = BackbonePlan(name, True, entry.backbone, f"registry entry {name} implements every numbers-changing key", causal)
+    if choice == "own" and not plan.own:
+        raise ConfigRefusedError(f"embedcli's own backbone cannot run this model: {plan.reason} (EMBEDCLI_BACKBONE=own)")
+    return plan
