@@ -29,8 +29,9 @@ def info(
     instruction: str | None = OPT_INSTRUCTION,
     reranker_preset: str | None = OPT_PRESET,
 ) -> None:
-    """Show what would run for a model: architecture, pooling, normalize, projector, max length, and the tasks
-    and commands it supports (asking a model for another task is a usage error, exit 2)."""
+    """Show what would run for a model: architecture, pooling, normalize, projector, max length, the tasks
+    and commands it supports (asking a model for another task is a usage error, exit 2), and what runs it: the
+    registry entry, embedcli's own backbone or transformers' modules (and the config key that decided), packing."""
     from embedcli.tasks.info import model_info
 
     def show() -> int:
@@ -47,7 +48,7 @@ def info(
         for key in (
             "name", "path", "architecture", "model_type", "head", "seq_pooling_type", "normalize",
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
-            "tasks", "commands", "config_hash", "dtype_auto",
+            "tasks", "commands", "config_hash", "dtype_auto", "runs_on", "runs_on_because", "packing_mode",
         ):
             table.add_row(key, str(data.get(key)))
         for key, value in data["choices"].items():

@@ -27,7 +27,7 @@ from embedcli.models.precision import (
     device_kind,
     task_for_head,
 )
-from embedcli.models.registry import BackbonePlan, plan_backbone
+from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenizer import load_tokenizer_json
 from embedcli.models.weights_file import check_safetensors
@@ -242,6 +242,9 @@ class LoadedModel:
             "lm_score": transformers.AutoModelForCausalLM,
             "sparse": transformers.AutoModelForMaskedLM,
         }[spec.head]
+        entry = REGISTRY.get(spec.model_type)
+        if spec.head == "base" and entry is not None and entry.base_class is not None:
+            auto = getattr(transformers, entry.base_class)
         try:
             model = auto.from_pretrained(spec.path, **kwargs)
         except (OSError, ValueError, RuntimeError, ImportError) as e:

@@ -26,6 +26,9 @@ OWN_ACTIVATIONS = frozenset(
 OWN_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 
 HEADS = ("base", "sequence_classification", "token_classification", "lm_score", "sparse")
+# What an own backbone serves unless its entry says otherwise: the LM-head families (yes/no rerankers, SPLADE)
+# keep transformers' modules, whose LM heads they slice.
+OWN_HEADS = frozenset({"base", "sequence_classification", "token_classification"})
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class ModelEntry:
     name: str
     model_types: tuple[str, ...]
     backbone: str | None  # "module:Class" of the own varlen backbone; None: transformers' modules only
-    heads: frozenset[str] = frozenset(HEADS)  # the heads the own backbone serves
+    heads: frozenset[str] = OWN_HEADS  # the heads the own backbone serves
     keys: tuple[ConfigKey, ...] = ()
     decoder: bool = False  # a causal-LM family: LAST pooling by default, decoder tokenizers, LM-head rerankers
     position_offset: bool = False  # fairseq position ids, starting after the padding index
@@ -123,6 +126,9 @@ class ModelEntry:
     # natively, as vLLM and TEI do (NomicBERT, GTE NewModel); for any other entry an auto_map means the
     # checkpoint's own code defines the model, and only that code (--trust-remote-code) runs it.
     replaces_remote_code: bool = False
+    # The transformers class the fallback loads for embeddings (None: AutoModel), as sentence-transformers'
+    # Transformer module picks it (T5 and mT5 run their encoder alone).
+    base_class: str | None = None
 
     def causal(self, config: Config) -> bool:
         """Whether attention is causal for this checkpoint (what chunked prefill needs)."""
@@ -169,7 +175,9 @@ def _entries() -> tuple[ModelEntry, ...]:
                    **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
         # Families served by transformers' modules alone (padded batches): the exact fallback by name.
         ModelEntry("ElectraModel", ("electra",), None, token_types=True),
-        ModelEntry("T5EncoderModel", ("t5", "mt5"), None),
+        ModelEntry("T5EncoderModel", ("t5",), None, base_class="T5EncoderModel"),
+        ModelEntry("MT5EncoderModel", ("mt5",), None, base_class="MT5EncoderModel"),
+        ModelEntry("UMT5EncoderModel", ("umt5",), None, base_class="UMT5EncoderModel"),
         ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True),
         ModelEntry("GemmaModel", ("gemma", "gemma2", "gemma3_text"), None, decoder=True,
                    bidirectional_key="use_bidirectional_attention"),

@@ -25,4 +25,10 @@ def model_info(
     info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
     info["dtype_auto"] = auto_dtype_summary(spec)
+    info["runs_on"] = (
+        f"{'own backbone ' + spec.backbone if spec.own_backbone else 'transformers modules (exact fallback)'}"
+        f" [registry entry: {spec.registry_entry or 'none'}]"
+    )
+    info["runs_on_because"] = spec.backbone_reason
+    info["packing_mode"] = "on (one flat token buffer)" if spec.packing else "off (padded batches, transformers' masks)"
     return info
