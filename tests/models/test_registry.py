@@ -18,7 +18,14 @@ from embedcli.models import layers, registry
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.registry import REGISTRY, plan_backbone
 from embedcli.models.spec import load_model_spec
-from tests.fixtures.tiny_models import DECODER_KW, ENCODER_KW, LONG_TEXT, PAD_ID, SAMPLE_TEXTS, write_tokenizer
+from tests.fixtures.tiny_models import (
+    DECODER_KW,
+    ENCODER_KW,
+    LONG_TEXT,
+    PAD_ID,
+    SAMPLE_TEXTS,
+    write_tokenizer,
+)
 
 TEXTS = (*SAMPLE_TEXTS[:4], LONG_TEXT[:200])  # longer than every window flipped on below (8 tokens)
 BUDGETS = (24, 96, 4096)
@@ -157,5 +164,5 @@ def test_plan_backbone(config: dict[str, Any], head: str, choice: str, own: bool
 def test_own_choice_refuses_the_fallback() -> None:
     from embedcli.errors import ConfigRefusedError
 
-    with pytest.raises(ConfigRefusedError, match="hidden_act='mish'.*EMBEDCLI_BACKBONE=own"):
+    with pytest.raises(ConfigRefusedError, match=r"hidden_act='mish'.*EMBEDCLI_BACKBONE=own"):
         plan_backbone({"model_type": "bert", "hidden_act": "mish"}, "base", "own")
