@@ -12,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedcli.compute.runner import DEFAULT_MAX_BATCH_TOKENS, LongInputError, Runner, RunnerOptions, prefetch
+from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS
+from embedcli.compute.runner import LongInputError, Runner, RunnerOptions, prefetch
 from embedcli.pooling import PoolingConfigError
 from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS
 

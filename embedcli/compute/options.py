@@ -43,6 +43,10 @@ class RunnerOptions:
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise UsageError(f"--max-batch-tokens {self.max_batch_tokens}: must be at least 1 (or leave it out for the default)")
 
+    def token_budget(self, device_type: str) -> int:
+        """Tokens of one forward on a device of `device_type`: `--max-batch-tokens`, else the device's default."""
+        return int(self.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device_type, DEFAULT_MAX_BATCH_TOKENS["cpu"]))
+
 
 
 @dataclass

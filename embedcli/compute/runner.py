@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS, RunnerOptions, RunStats, TokenRows
+from embedcli.compute.options import RunnerOptions, RunStats, TokenRows
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
@@ -70,8 +70,7 @@ class Runner:
                 "a token-weighted mean of chunk vectors equals no whole-row value; use truncate or error"
             )
         self.max_length = self.options.max_length or spec.max_length
-        budget = self.options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(model.device.type, 2048)
-        self.max_batch_tokens = int(budget)
+        self.max_batch_tokens = self.options.token_budget(model.device.type)
         self.params = PoolingParams(
             use_activation=self.options.normalize if task in ("embed", "token_embed") else None,
             dimensions=self.options.dimensions,

@@ -153,7 +153,9 @@ def decision_path(spec: ModelSpec, task: str, kind: str) -> Path:
     # The content hash covers config.json, tokenizer.json and the weights only; the config hash adds what
     # sentence-transformers' own files decide (pooling, Normalize, Dense, max length), which the probe's
     # outputs depend on as much as the weights do.
-    key = json.dumps([spec.content_hash, spec.config_hash(), task, kind, probe_length(spec), __version__, PROBE_VERSION, KERNELS_REVISION])
+    # What runs the model (own backbone or the fallback) is outside the config hash but not outside bf16's drift.
+    key = json.dumps([spec.content_hash, spec.config_hash(), task, kind, probe_length(spec), __version__, PROBE_VERSION,
+                      KERNELS_REVISION, spec.backbone])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     # The model hash leads the name so `info` can list every decision recorded for a model.
     return user_cache_dir("precision") / f"{spec.content_hash[:16]}-{digest}.json"

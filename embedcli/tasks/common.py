@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.lazy import LazyEngine
-from embedcli.compute.options import DEFAULT_MAX_BATCH_TOKENS, RunnerOptions
+from embedcli.compute.options import RunnerOptions
 from embedcli.compute.plan import RunnerPlan, plan_runner
 from embedcli.errors import UsageError, display_path
 from embedcli.io.writers import LINES
@@ -191,8 +191,7 @@ def planned_engine(
         return engine_for(runner, flags)
 
     # A plan exists only for the CPU (`plan_runner`), so the budget is the CPU's unless given.
-    budget = recipe.runner_options.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS["cpu"]
-    return LazyEngine(build, plan.max_length, budget), meta, plan
+    return LazyEngine(build, plan.max_length, recipe.runner_options.token_budget("cpu")), meta, plan
 
 
 class RowInputs(list):  # type: ignore[type-arg]
