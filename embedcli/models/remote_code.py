@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from embedcli.errors import ConfigRefusedError
+from embedcli.errors import ModelConfigError
 from embedcli.models.registry import BackbonePlan
 
 
@@ -84,17 +84,17 @@ def check_loadable(folder: Path, config: Mapping[str, Any], plan: BackbonePlan, 
         missing = missing_code(folder, auto_map)
         if trust_remote_code:
             if missing:
-                raise ConfigRefusedError(f"{where}: the model runs on its own Python code, but {missing}")
+                raise ModelConfigError(f"{where}: the model runs on its own Python code, but {missing}")
             return
         advice = f"{missing}, then pass --trust-remote-code" if missing else "pass --trust-remote-code if you trust it"
         refs = code_references(auto_map)
-        raise ConfigRefusedError(
+        raise ModelConfigError(
             f"{where}: {plan.reason}; only the checkpoint's own Python code ({refs[0] if refs else 'auto_map'}) "
             f"runs it, and embedcli does not run a checkpoint's code unless asked: {advice}"
         )
     known = transformers_model_types()
     if known is not None and model_type not in known:
-        raise ConfigRefusedError(
+        raise ModelConfigError(
             f"{where}: model_type {model_type!r} is neither in embedcli's registry nor one transformers can load; "
             "pass a model folder of a supported architecture (`embedcli info` lists what runs a folder)"
         )
