@@ -235,7 +235,7 @@ def plan_backbone(config: Config, head: str, choice: str = "auto") -> BackbonePl
     causal = entry.causal(config) if entry else bool(config.get("is_decoder"))
     remote = bool(config.get("auto_map")) and not (entry is not None and entry.replaces_remote_code)
     if remote:
-        plan = BackbonePlan(name, False, "transformers", "the checkpoint defines its model in its own code (auto_map)", causal)
+        plan = BackbonePlan(name, False, "transformers", "the checkpoint defines its model in its own Python code (auto_map)", causal)
     elif entry is None or entry.backbone is None:
         why = (
             f"model_type {model_type!r} has no own backbone"

@@ -89,8 +89,8 @@ def check_loadable(folder: Path, config: Mapping[str, Any], plan: BackbonePlan, 
         advice = f"{missing}, then pass --trust-remote-code" if missing else "pass --trust-remote-code if you trust it"
         refs = code_references(auto_map)
         raise ModelConfigError(
-            f"{where}: {plan.reason}; only the checkpoint's own Python code ({refs[0] if refs else 'auto_map'}) "
-            f"runs it, and embedcli does not run a checkpoint's code unless asked: {advice}"
+            f"{where}: {plan.reason}; only its own Python code ({refs[0] if refs else 'auto_map'}) can run it, and "
+            f"embedcli runs a checkpoint's code only when asked: {advice}"
         )
     known = transformers_model_types()
     if known is not None and model_type not in known:

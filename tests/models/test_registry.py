@@ -147,7 +147,7 @@ def test_every_own_entry_names_an_importable_backbone() -> None:
         ({"model_type": "bert"}, "base", "transformers", False, "EMBEDCLI_BACKBONE=transformers"),
         ({"model_type": "bert"}, "lm_score", "auto", False, "does not serve the lm_score head"),
         ({"model_type": "bert", "hidden_act": "mish"}, "base", "auto", False, "hidden_act='mish'"),
-        ({"model_type": "bert", "auto_map": {"AutoModel": "m.M"}}, "base", "auto", False, "own code (auto_map)"),
+        ({"model_type": "bert", "auto_map": {"AutoModel": "m.M"}}, "base", "auto", False, "own Python code (auto_map)"),
         ({"model_type": "t5"}, "base", "auto", False, "has no own backbone"),
         ({"model_type": "whatever"}, "base", "auto", False, "has no registry entry"),
         ({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768}, "base", "auto", False,
