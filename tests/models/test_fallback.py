@@ -101,7 +101,7 @@ def remote_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_remote_code_is_refused_without_the_flag(remote_folder: Path) -> None:
-    with pytest.raises(ModelConfigError, match=r"own code \(auto_map\).*pass --trust-remote-code if you trust it"):
+    with pytest.raises(ModelConfigError, match=r"own Python code \(auto_map\).*pass --trust-remote-code if you trust it"):
         load_model_spec(str(remote_folder))
 
 
