@@ -33,6 +33,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "mistral": ("embedcli.models.llama", "LlamaModel"),
     "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
     "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
+    "nomic_bert": ("embedcli.models.nomic_bert", "NomicBertModel"),
+    "new": ("embedcli.models.gte", "GteModel"),
 }
 
 def has_own_backbone(model_type: str) -> bool:
@@ -60,8 +62,8 @@ def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
     if spec.is_decoder:
         return _linear(weights, "score", bias=False)
     p = weights.prefix
-    if spec.model_type == "bert":
-        # BERT's pooler (dense + tanh over the CLS state) belongs to the classification head.
+    if spec.model_type in ("bert", "new"):
+        # BERT's (and GTE's NewForSequenceClassification) pooler (dense + tanh over the CLS state) belongs to the classification head.
         return nn.Sequential(_linear(weights, f"{p}pooler.dense"), nn.Tanh(), _linear(weights, "classifier"))
     if spec.model_type == "distilbert":
         return nn.Sequential(_linear(weights, "pre_classifier"), nn.ReLU(), _linear(weights, "classifier"))

@@ -26,6 +26,7 @@ from embedcli.models.precision import (
     task_for_head,
 )
 from embedcli.models.spec import POSITION_OFFSET_TYPES, DenseSpec, ModelConfigError, ModelSpec
+from embedcli.models.st_config import read_json
 from embedcli.models.tokenizer import load_tokenizer_json
 from embedcli.models.weights_file import check_safetensors
 from embedcli.pooling import (
@@ -187,15 +188,22 @@ class LoadedModel:
     def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
         """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""
         choice = self.options.backbone
+        # A remote-code folder (auto_map) the spec let through without --trust-remote-code: only the own
+        # backbone may serve it (transformers would refuse it, or read its config with another model).
+        config = read_json(Path(self.spec.path) / "config.json")
+        remote = bool(config.get("auto_map")) and not self.options.trust_remote_code
+        if remote and choice == "transformers":
+            raise ConfigRefusedError(f"{self.spec.path}: transformers runs this model with its remote code (auto_map); "
+                                     "pass --trust-remote-code if you trust it")
         if choice == "transformers" or (choice == "auto" and not has_own_backbone(self.spec.model_type)):
             return None
         try:
             model, classifier = load_own_backbone(self.spec, self.weight_dtype, self.device)
         except UnsupportedCheckpoint as e:
-            if choice == "own":
-                raise ConfigRefusedError(
-                    f"{self.spec.path}: embedcli's own backbone cannot run this model: {e} (EMBEDCLI_BACKBONE=own)"
-                ) from e
+            if choice == "own" or remote:
+                why = ("EMBEDCLI_BACKBONE=own" if choice == "own" else
+                       "the transformers fallback would run its remote code: pass --trust-remote-code if you trust it")
+                raise ConfigRefusedError(f"{self.spec.path}: embedcli's own backbone cannot run this model: {e} ({why})") from e
             return None
         if self.options.quantize:  # on the CPU in float32: checked in __init__ and by ModelOptions
             model = quantize_linear_int8(model)

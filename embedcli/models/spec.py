@@ -29,7 +29,11 @@ from embedcli.models.weights_file import check_safetensors
 DECODER_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
 )
-ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "camembert", "electra"})
+ENCODER_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "camembert", "electra", "nomic_bert", "new"}
+)
+# Remote-code checkpoints (auto_map) embedcli's own backbones compute natively: no remote code runs for them.
+NATIVE_REMOTE_TYPES = frozenset({"nomic_bert", "new"})
 # Encoders whose position ids start after the padding index (fairseq style).
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
 
@@ -255,7 +259,7 @@ def _read_base_config(folder: Path, trust_remote_code: bool) -> _BaseConfig:
     if not config_path.is_file():
         raise ModelConfigError(f"{config_path}: missing; pass a model folder that holds config.json")
     config = read_json(config_path)
-    if config.get("auto_map") and not trust_remote_code:
+    if config.get("auto_map") and not trust_remote_code and config.get("model_type") not in NATIVE_REMOTE_TYPES:
         raise ModelConfigError(
             f"{config_path}: the model asks for its own Python code (auto_map); embedcli does not run remote "
             "code. Use a model transformers ships, or pass --trust-remote-code if you trust it."
@@ -275,7 +279,7 @@ def _read_base_config(folder: Path, trust_remote_code: bool) -> _BaseConfig:
         model_type=model_type,
         head=_head_kind(architecture),
         is_decoder=model_type in DECODER_TYPES,
-        hidden=int(config.get("hidden_size") or config.get("dim") or 0),
+        hidden=int(config.get("hidden_size") or config.get("dim") or config.get("n_embd") or 0),
     )
 
 
@@ -325,7 +329,7 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
 
 
 def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layout: bool, requested: int | None) -> int:
-    model_max = int(base.config.get("max_position_embeddings") or 512)
+    model_max = int(base.config.get("max_position_embeddings") or base.config.get("n_positions") or 512)
     if base.model_type in POSITION_OFFSET_TYPES:
         model_max -= 2
     if requested is not None:
