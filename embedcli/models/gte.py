@@ -9,7 +9,7 @@ the log-n attention scale, which depends only on each sequence's own length.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
@@ -105,7 +105,7 @@ class GteModel(nn.Module):
         if self.token_type_embeddings is not None:
             self.token_type_embeddings.weight.data.copy_(weights["embeddings.token_type_embeddings.weight"])
         copy_norm(self.embed_norm, weights, "embeddings.LayerNorm")
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("list[RopeEncoderLayer]", self.layers)):
             p = f"encoder.layer.{i}."
             a = f"{p}attention."
             if weights.has(f"{a}qkv_proj.weight"):

@@ -11,7 +11,7 @@ compute the same numbers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +150,7 @@ class NomicBertModel(nn.Module):
         if self.token_type_embeddings is not None:
             self.token_type_embeddings.weight.data.copy_(weights["embeddings.token_type_embeddings.weight"])
         copy_norm(self.embed_norm, weights, "emb_ln")
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("list[RopeEncoderLayer]", self.layers)):
             p = f"encoder.layers.{i}."
             copy_linear(layer.qkv, weights, f"{p}attn.Wqkv")
             copy_linear(layer.attn_out, weights, f"{p}attn.out_proj")

@@ -244,11 +244,7 @@ def test_nomic_reference_matches_transformers_nomic_bert(root: Path, tmp_path: P
         ids = loaded.tokenizer.encode(text.strip()).ids
         with torch.inference_mode():
             want = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
-        assert (nomic_reference_for(folder, ids) - want).abs().max().item() < 1e-10
-
-
-def nomic_reference_for(folder: Path, ids: list[int]) -> torch.Tensor:
-    return _reference(folder, "nomic", ids)
+        assert (_reference(folder, "nomic", ids) - want).abs().max().item() < 1e-10
 
 
 def _gte_as_transformers(folder: Path, dst: Path) -> Path:
@@ -422,5 +418,16 @@ def test_native_nomic_config_disagreeing_with_its_gpt2_keys_falls_back(root: Pat
     """Without auto_map transformers' own nomic_bert computes the numbers; where it reads other values, it serves."""
     folder = _native_nomic(_build("nomic", "v1.5", root), tmp_path / "native")
     assert _load(folder, "auto").own_backbone
-    edit_json(folder / "config.json", lambda c: c.update(qkv_proj_bias=True))
+    # transformers reads rope_parameters (10000), the GPT-2 style keys say rotary_emb_base 1000.
+    edit_json(folder / "config.json", lambda c: c.update(rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}))
     assert not _load(folder, "auto").own_backbone
+
+
+def test_nomic_length_limit_reads_n_positions(root: Path) -> None:
+    """The GPT-2 style config has no max_position_embeddings: n_positions (8192) bounds --max-length."""
+    folder = _build("nomic", "v1.5", root)
+    spec = load_model_spec(str(folder), max_length=4096)
+    assert (spec.max_length, spec.hidden_size, spec.model_type) == (4096, 32, "nomic_bert")
+    assert load_model_spec(str(folder)).max_length == 8192  # sentence_bert_config.json
+    with pytest.raises(ConfigRefusedError, match="max_position_embeddings"):
+        load_model_spec(str(folder), max_length=9000)
