@@ -63,7 +63,7 @@ def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
         return _linear(weights, "score", bias=False)
     p = weights.prefix
     if spec.model_type in ("bert", "new"):
-        # BERT's (and GTE's NewForSequenceClassification) pooler (dense + tanh over the CLS state) belongs to the classification head.
+        # BERT's pooler (dense + tanh over the CLS state; GTE's NewForSequenceClassification too) is the head's.
         return nn.Sequential(_linear(weights, f"{p}pooler.dense"), nn.Tanh(), _linear(weights, "classifier"))
     if spec.model_type == "distilbert":
         return nn.Sequential(_linear(weights, "pre_classifier"), nn.ReLU(), _linear(weights, "classifier"))
