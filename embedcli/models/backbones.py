@@ -42,7 +42,7 @@ def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
     if spec.is_decoder:
         return _linear(weights, "score", bias=False)
     p = weights.prefix
-    if spec.model_type == "bert":
+    if spec.model_type in ("bert", "new"):
         # BERT's pooler (dense + tanh over the CLS state) belongs to the classification head.
         return nn.Sequential(_linear(weights, f"{p}pooler.dense"), nn.Tanh(), _linear(weights, "classifier"))
     if spec.model_type == "distilbert":

@@ -28,6 +28,7 @@ from embedcli.models.precision import (
     task_for_head,
 )
 from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
+from embedcli.models.remote_code import check_loadable
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenizer import load_tokenizer_json
 from embedcli.models.weights_file import check_safetensors
@@ -168,7 +169,10 @@ class LoadedModel:
         spec = self.spec
         if self.options.backbone == "auto" and spec.backbone_reason:
             return BackbonePlan(spec.registry_entry, spec.own_backbone, spec.backbone, spec.backbone_reason, spec.causal)
-        return plan_backbone(read_config(spec.path), spec.head, self.options.backbone)
+        config = read_config(spec.path)
+        plan = plan_backbone(config, spec.head, self.options.backbone)
+        check_loadable(Path(spec.path), config, plan, self.options.trust_remote_code)
+        return plan
 
     def _load_own_backbone(self) -> tuple[nn.Module, nn.Module | None] | None:
         """embedcli's own backbone (and head) for this model, or None where transformers' modules serve it."""

@@ -109,6 +109,99 @@ DECODER_KEYS = (
 )
 
 
+def _gated(value: Any, _config: Config) -> bool:
+    return value in ("swiglu", "geglu", "glu")
+
+
+def _rotary_fraction(value: Any, config: Config) -> bool:
+    heads = int(config.get("n_head") or 1)
+    rotary = float(value) * (int(config.get("n_embd") or 0) // heads)
+    return rotary > 0 and rotary == int(rotary) and int(rotary) % 2 == 0
+
+
+def _same_heads(value: Any, config: Config) -> bool:
+    return value is None or int(value) == int(config.get("n_head") or 0)
+
+
+def nomic_intermediate(config: Config) -> int:
+    """NomicBERT's gated MLP width: n_inner (or 8/3 n_embd) rounded up to a multiple of 256, as its code does."""
+    hidden = int(config["n_embd"])
+    inner = config.get("n_inner")
+    width = int(inner) if inner is not None else int(8 * hidden / 3)
+    return (width + 255) // 256 * 256
+
+
+def nomic_native_mismatch(config: Config) -> str | None:
+    """Why transformers' own `nomic_bert` (which reads BERT-style keys, not the checkpoint's GPT-2-style ones)
+    would compute other numbers than the checkpoint's code, or None."""
+    rope = dict(config.get("rope_parameters") or {})
+    native: dict[str, tuple[object, object]] = {
+        "hidden_size": (config.get("hidden_size", 768), int(config["n_embd"])),
+        "num_attention_heads": (config.get("num_attention_heads", 12), int(config["n_head"])),
+        "num_hidden_layers": (config.get("num_hidden_layers", 12), int(config["n_layer"])),
+        "intermediate_size": (config.get("intermediate_size", 3072), nomic_intermediate(config)),
+        "hidden_act": (config.get("hidden_act", "silu"), "silu" if config.get("activation_function") == "swiglu" else None),
+        "layer_norm_eps": (float(config.get("layer_norm_eps", 1e-12)), float(config.get("layer_norm_epsilon", 1e-5))),
+        "rope_theta": (float(rope.get("rope_theta", config.get("rope_theta", 1000.0))), float(config.get("rotary_emb_base", 10000))),
+        "rope_type": (rope.get("rope_type", "default"), "default"),
+        "qkv_proj_bias": (False, bool(config.get("qkv_proj_bias", True))),
+        "mlp_fc1_bias": (False, bool(config.get("mlp_fc1_bias", True))),
+        "mlp_fc2_bias": (False, bool(config.get("mlp_fc2_bias", True))),
+        "rotary_emb_fraction": (1.0, float(config.get("rotary_emb_fraction", 0.0))),
+        "rotary_emb_interleaved": (False, bool(config.get("rotary_emb_interleaved", False))),
+    }
+    head_dim = config.get("head_dim")
+    if head_dim is not None:
+        native["head_dim"] = (int(head_dim), int(config["n_embd"]) // int(config["n_head"]))
+    for key, (theirs, ours) in native.items():
+        if theirs != ours:
+            return f"{key}: transformers' nomic_bert computes {theirs!r}, the GPT-2 style keys say {ours!r}"
+    return None
+
+
+def _nomic_code_or_native(value: Any, config: Config) -> bool:
+    """With its auto_map the checkpoint's code defines the numbers (the own backbone follows it); without, the
+    native transformers model does, and the own backbone serves only configs where both agree."""
+    return bool(value) or nomic_native_mismatch(config) is None
+
+
+def _gte_rope_scaling(value: Any, _config: Config) -> bool:
+    # A factor <= 1 would make the frequencies depend on the longest sequence of each forward.
+    return value is None or (
+        isinstance(value, Mapping) and value.get("type") == "ntk" and float(value.get("factor", 0)) > 1.0
+    )
+
+
+NOMIC_KEYS = (
+    *(ConfigKey(k, None, lambda v, _c: v is not None, "GPT-2 style size keys (read by the own backbone)")
+      for k in ("n_embd", "n_head", "n_layer")),
+    ConfigKey("activation_function", "gelu_new", _gated, "the gated MLP (swiglu, geglu, glu)"),
+    *(ConfigKey(k, False, falsy, "a block layout the plain post-norm encoder does not have")
+      for k in ("prenorm", "parallel_block", "use_rms_norm", "causal", "norm_mlp", "rotary_head_dim")),
+    ConfigKey("rotary_emb_scale_base", None, equals(None), "xPos rotary scaling"),
+    ConfigKey("rotary_emb_fraction", 0.0, _rotary_fraction, "the share of each head RoPE rotates"),
+    ConfigKey("rotary_emb_base", 10000, any_value, "RoPE base"),
+    ConfigKey("rotary_emb_interleaved", False, any_value, "interleaved RoPE pairs"),
+    ConfigKey("rotary_scaling_factor", None, any_value, "dynamic NTK beyond max_trained_positions (per sequence)"),
+    ConfigKey("num_heads_kv", None, _same_heads, "grouped key/value heads"),
+    *(ConfigKey(k, True, any_value, "projection biases") for k in ("qkv_proj_bias", "mlp_fc1_bias", "mlp_fc2_bias")),
+    ConfigKey("layer_norm_epsilon", 1e-5, any_value, "LayerNorm epsilon"),
+    ConfigKey("auto_map", None, _nomic_code_or_native, "which code defines the numbers (the checkpoint's, or transformers')"),
+)
+GTE_KEYS = (
+    ConfigKey("position_embedding_type", "rope", equals("rope"), "rotary position embeddings"),
+    ConfigKey("layer_norm_type", "layer_norm", equals("layer_norm", "rms_norm"), "LayerNorm or RMSNorm"),
+    ConfigKey("hidden_act", "gelu", _activation, "the gated MLP activation"),
+    ConfigKey("rope_theta", 10000.0, any_value, "RoPE base"),
+    ConfigKey("rope_scaling", None, _gte_rope_scaling, "NTK RoPE scaling"),
+    ConfigKey("logn_attention_scale", False, any_value, "log-n attention scaling"),
+    ConfigKey("logn_attention_clip1", False, any_value, "log-n scale clipped at 1"),
+    ConfigKey("pack_qkv", True, any_value, "fused or separate q/k/v weights"),
+    ConfigKey("type_vocab_size", 1, any_value, "token type embeddings"),
+    ConfigKey("layer_norm_eps", 1e-12, any_value, "norm epsilon"),
+)
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One architecture: its backbone, the heads that backbone serves, and the config keys that change numbers."""
@@ -173,6 +266,12 @@ def _entries() -> tuple[ModelEntry, ...]:
         ModelEntry("Qwen2Model", ("qwen2",), "embedcli.models.qwen2:Qwen2Model", **decoder),
         ModelEntry("Qwen3Model", ("qwen3",), "embedcli.models.qwen3:Qwen3Model",
                    **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
+        # NomicBERT and GTE NewModel ship as remote code; vLLM and TEI run them natively, and so does embedcli.
+        ModelEntry("NomicBertModel", ("nomic_bert",), "embedcli.models.nomic_bert:NomicBertModel",
+                   heads=frozenset({"base"}), keys=NOMIC_KEYS, token_types=True, replaces_remote_code=True),
+        ModelEntry("NewModel", ("new",), "embedcli.models.gte:GteModel",
+                   heads=frozenset({"base", "sequence_classification"}), keys=GTE_KEYS, token_types=True,
+                   replaces_remote_code=True),
         # Families served by transformers' modules alone (padded batches): the exact fallback by name.
         ModelEntry("ElectraModel", ("electra",), None, token_types=True),
         ModelEntry("T5EncoderModel", ("t5",), None, base_class="T5EncoderModel"),
