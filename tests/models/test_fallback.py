@@ -206,3 +206,20 @@ def test_static_embedding_folder_is_named(tmp_path: Path) -> None:
     ]))
     with pytest.raises(ModelConfigError, match=r"first module is .*StaticEmbedding \(a static embedding table"):
         load_model_spec(str(folder))
+
+
+def test_info_says_what_runs_the_model(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from embedcli.cli import app
+
+    own = CliRunner().invoke(app, ["info", str(tiny_model("bert")), "--json"])
+    assert own.exit_code == 0, own.output
+    data = json.loads(own.stdout)
+    assert data["runs_on"] == "own backbone embedcli.models.bert:BertModel [registry entry: BertModel]"
+    assert data["packing_mode"].startswith("on")
+    t5 = _t5_sentence_encoder(tmp_path / "st5")
+    fallback = CliRunner().invoke(app, ["info", str(t5)])
+    assert fallback.exit_code == 0, fallback.output
+    for words in ("transformers modules (exact fallback)", "has no own backbone", "off (padded batches"):
+        assert words in " ".join(fallback.stdout.split()), fallback.stdout
