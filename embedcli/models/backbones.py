@@ -29,6 +29,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "camembert": ("embedcli.models.roberta", "RobertaModel"),
     "distilbert": ("embedcli.models.distilbert", "DistilBertModel"),
     "mpnet": ("embedcli.models.mpnet", "MPNetModel"),
+    "modernbert": ("embedcli.models.modernbert", "ModernBertModel"),
     "llama": ("embedcli.models.llama", "LlamaModel"),
     "mistral": ("embedcli.models.llama", "LlamaModel"),
     "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
@@ -55,6 +56,10 @@ def _linear(weights: Weights, name: str, *, bias: bool = True) -> nn.Linear:
 
 def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
     """The head of a `*ForSequenceClassification` / `*ForTokenClassification` checkpoint, on pooled vectors."""
+    if spec.model_type == "modernbert":
+        from embedcli.models.modernbert import classifier_head
+
+        return classifier_head(JsonConfig.read(spec.path), weights)
     if spec.head == "token_classification":
         return _linear(weights, "classifier")
     if spec.is_decoder:

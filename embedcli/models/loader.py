@@ -122,6 +122,8 @@ def _sequence_classifier(model: nn.Module, model_type: str, is_decoder: bool) ->
         return nn.Sequential(model.bert.pooler.dense, nn.Tanh(), model.classifier)
     if model_type == "distilbert":
         return nn.Sequential(model.pre_classifier, nn.ReLU(), model.classifier)
+    if model_type == "modernbert":
+        return nn.Sequential(model.head, model.classifier)
     if model_type in ("roberta", "xlm-roberta", "camembert", "mpnet", "electra"):
         return _FirstTokenHead(model.classifier)
     raise ModelConfigError(f"Sequence classification is not supported for model_type {model_type!r}")
@@ -279,6 +281,8 @@ class LoadedModel:
             backbone = getattr(model, model.base_model_prefix)
             if spec.head == "sequence_classification":
                 classifier = _sequence_classifier(model, spec.model_type, spec.is_decoder)
+            elif spec.model_type == "modernbert":  # its prediction head runs on every token too
+                classifier = nn.Sequential(model.head, model.classifier)
             else:
                 classifier = model.classifier
             classifier = classifier.to(torch.float32)
@@ -315,6 +319,8 @@ class LoadedModel:
             else:
                 activation = resolve_classifier_activation(config)
             default = "LAST" if spec.is_decoder else "CLS"
+            if spec.model_type == "modernbert" and getattr(config, "classifier_pooling", "cls") == "mean":
+                default = "MEAN"  # ModernBERT's classifier_pooling: its head takes the mean of the tokens
             return DispatchPooler(
                 {
                     "classify": pooler_for_classify(

@@ -29,7 +29,9 @@ from embedcli.models.weights_file import check_safetensors
 DECODER_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2"}
 )
-ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "camembert", "electra"})
+ENCODER_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "camembert", "electra", "modernbert"}
+)
 # Encoders whose position ids start after the padding index (fairseq style).
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
 
