@@ -151,6 +151,8 @@ def test_unsupported_configs_fall_back(change, why, models, tmp_path) -> None:
     edit_json(folder / "config.json", lambda c: c.update(change))
     with pytest.raises(ConfigRefusedError, match=why):
         _load(folder, "own")
+    if why == "rope_scaling":  # one transformers computes: `auto` runs its modules instead
+        assert not _load(folder, "auto").own_backbone
 
 
 # -- end to end: sentence-transformers -----------------------------------------------------------------
@@ -229,3 +231,15 @@ def test_tokenizer_matches_transformers(models) -> None:
         assert loaded.tokenizer.encode(a, b).ids == hf(a, b)["input_ids"]
     ids = loaded.tokenizer.encode("hello").ids
     assert ids[0] == loaded.hf_tokenizer.cls_token_id and ids[-1] == loaded.hf_tokenizer.sep_token_id
+
+
+def test_bf16_autocast_runs_close_to_float32(models) -> None:
+    """CPU bf16 (autocast over float32 weights): RoPE stays float32, the band mask goes to the bf16 matmuls."""
+    folder = models("st-mean", build_modernbert_st, base=models("hub-keys"), pooling="mean")
+    want = Runner(_load(folder, "auto"), RunnerOptions(max_batch_tokens=96)).embed(list(TEXTS))
+    loaded = LoadedModel(load_model_spec(str(folder)), ModelOptions(device="cpu", dtype="bfloat16", backbone="own"))
+    assert loaded.own_backbone and loaded.autocast
+    got = Runner(loaded, RunnerOptions(max_batch_tokens=96)).embed(list(TEXTS))
+    cosine = (got * want).sum(axis=1)
+    print(f"bf16 vs float32: min cosine {cosine.min():.6f}")
+    assert np.isfinite(got).all() and cosine.min() >= 0.999
