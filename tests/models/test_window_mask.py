@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from embedcli.models import packing
 from embedcli.models.layers import varlen_attention
 from embedcli.models.packing import (
     PackInfo,
@@ -16,7 +17,8 @@ from embedcli.models.packing import (
     window_band,
 )
 
-LENGTHS = [[11], [1, 13, 4], [6, 6], [20, 2, 17, 9]]
+# The last two hold groups long enough for the query-block path (`local_attention`), the others the dense band.
+LENGTHS = [[11], [1, 13, 4], [6, 6], [20, 2, 17, 9], [70, 3, 66, 45], [101]]
 WINDOWS = [(0, 0), (2, 3), (4, 0), (1, 6), (5, 5)]
 
 
@@ -93,9 +95,9 @@ def test_window_wider_than_every_sequence_is_the_unbanded_path(causal: bool, len
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_bf16_window_matches_float64(causal: bool) -> None:
-    """The CPU bf16 path (batched matmuls around the softmax) takes the band as its boolean mask."""
-    lengths = [20, 2, 17, 9]
+@pytest.mark.parametrize("lengths", [[20, 2, 17, 9], [70, 3, 66]])
+def test_bf16_window_matches_float64(causal: bool, lengths: list[int]) -> None:
+    """CPU bf16: the dense band goes to the batched matmuls as their boolean mask, query blocks to SDPA."""
     q, k, v = _qkv(sum(lengths), 2, seed=5)
     got = packed_attention(
         *(t.bfloat16() for t in (q, k, v)), PackInfo.build(lengths), causal=causal, scale=0.3, window=(3, 2)
@@ -160,3 +162,39 @@ def test_padded_query_rows_keep_a_key() -> None:
     assert mask.shape == (2, 1, 12, 12) and bool(mask.any(-1).all())
     assert torch.equal(mask[1, 0, 5], pack.key_mask[1, 0, 0])  # a pad row of the short sequence
     assert mask[1, 0, 1].tolist() == [True, True] + [False] * 10  # a real row: its band and real keys only
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(2, 3), (4, 0), (0, 0), (9, 9)])
+def test_long_groups_run_in_query_blocks(causal: bool, window: tuple[int, int], monkeypatch) -> None:
+    """Groups many windows long take the blockwise path, and it equals the dense band to float32 rounding."""
+    lengths = [90, 4, 83, 60, 1]
+    q, k, v = _qkv(sum(lengths), 2, seed=7)
+    pack = PackInfo.build(lengths)
+    calls: list[int] = []
+    blocked = packing.local_attention
+    monkeypatch.setattr(packing, "local_attention", lambda *a, **kw: calls.append(a[0].shape[2]) or blocked(*a, **kw))
+    got = packed_attention(q, k, v, pack, causal=causal, scale=0.3, window=window)
+    assert calls and max(calls) == 90
+    monkeypatch.setattr(packing, "LOCAL_BLOCKS_MIN_RATIO", 10**6)  # the dense band everywhere
+    before = len(calls)
+    dense = packed_attention(q, k, v, pack, causal=causal, scale=0.3, window=window)
+    assert len(calls) == before
+    want = _reference(q, k, v, lengths, causal=causal, window=window, scale=0.3)
+    assert (got.double() - want).abs().max().item() <= 1e-5
+    assert (got - dense).abs().max().item() <= 2e-6
+
+
+def test_query_blocks_with_key_padding_and_gqa() -> None:
+    """`local_attention` on a padded view directly: pad keys never seen, kv heads shared."""
+    gen = torch.Generator().manual_seed(8)
+    lens = [57, 40]
+    q = torch.randn(2, 4, 57, 8, generator=gen)
+    k, v = torch.randn(2, 2, 57, 8, generator=gen), torch.randn(2, 2, 57, 8, generator=gen)
+    key_mask = (torch.arange(57)[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+    got = packing.local_attention(q, k, v, key_mask, (3, 5), scale=0.3)
+    assert got.shape == q.shape
+    for b, n in enumerate(lens):
+        flat = [t[b, :, :n].transpose(0, 1) for t in (q, k, v)]
+        want = _reference(*flat, [n], causal=False, window=(3, 5), scale=0.3)
+        assert (got[b, :, :n].transpose(0, 1).double() - want).abs().max().item() <= 1e-5
