@@ -275,10 +275,11 @@ def packed_attention(
             q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_len, pack.max_len,
             softmax_scale=scale, causal=causal, **extra,
         )
-    band = None if attn_bias is None else window_band(window, pack.max_len, causal=causal, device=q.device)
-    if band is not None:
-        return _banded_attention(q, k, v, pack, band, scale=scale, attn_bias=attn_bias, gqa=gqa)
-    if effective_window(window, pack.max_len, causal=causal) is not None:
+    if attn_bias is not None:
+        band = window_band(window, pack.max_len, causal=causal, device=q.device)
+        if band is not None:
+            return _banded_attention(q, k, v, pack, band, scale=scale, attn_bias=attn_bias, gqa=gqa)
+    elif effective_window(window, pack.max_len, causal=causal) is not None:
         return grouped_attention(
             [q, k, v], lambda t: (t[0], t[1], t[2]), pack, causal=causal, scale=scale, gqa=gqa, window=window
         )
