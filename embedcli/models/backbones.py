@@ -37,6 +37,10 @@ def _linear(weights: Weights, name: str, *, bias: bool = True) -> nn.Linear:
 
 def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
     """The head of a `*ForSequenceClassification` / `*ForTokenClassification` checkpoint, on pooled vectors."""
+    if spec.model_type == "modernbert":
+        from embedcli.models.modernbert import classifier_head
+
+        return classifier_head(JsonConfig.read(spec.path), weights)
     if spec.head == "token_classification":
         return _linear(weights, "classifier")
     if spec.is_decoder:

@@ -3,8 +3,8 @@
 A decoder sequence longer than the token budget is fed in slices over successive packed forwards
 (chunked prefill, see `embedcli.compute.prefill`). Each forward carries at most one such slice, laid out as
 the *last* rows of the flat buffer, after the whole short sequences packed around it. In every
-layer the attention function (`packed_attention_forward`, which hands over to `PrefixSlice.attention`
-when the forward call carries ``embedcli_prefix=...``) then:
+layer the own backbone's attention (which hands over to `PrefixSlice.attention` when the forward carries
+a prefix) then:
 
 - runs the ordinary packed causal attention over the rows of the short sequences;
 - writes the slice's keys and values — post-RoPE, exactly what the attention function receives —

@@ -300,6 +300,8 @@ class LoadedModel:
             else:
                 activation = resolve_classifier_activation(config)
             default = "LAST" if spec.is_decoder else "CLS"
+            if self.own_backbone and spec.model_type == "modernbert" and config.get("classifier_pooling", "cls") == "mean":
+                default = "MEAN"  # ModernBERT's classifier_pooling: its head takes the mean of the tokens
             return DispatchPooler(
                 {
                     "classify": pooler_for_classify(

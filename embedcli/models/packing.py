@@ -1,4 +1,4 @@
-"""Attention confined to each sequence of a packed `[total_tokens, ...]` buffer, plugged into transformers.
+"""Attention confined to each sequence of a packed `[total_tokens, ...]` buffer (the own backbones').
 
 Every linear layer and norm runs on the flat buffer (no padding); only attention pads: q/k/v are
 gathered by one precomputed index into `[batch, heads, max_len, dim]`, SDPA runs with a key-padding
@@ -14,9 +14,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-ATTN_IMPLEMENTATION = "embedcli_packed"
-
 
 # Sequences whose length is under this fraction of their group's longest start a new group: attention
 # on a padded view costs batch x max_len^2, so one 256-token article padding 60 titles to 256 would cost
@@ -134,6 +131,103 @@ def padded_bias(bias: torch.Tensor, pack: PackInfo) -> torch.Tensor:
     return mask_padding(bias, pack.key_mask)
 
 
+Window = tuple[int, int]
+"""How far a query reaches (left, right) in tokens, both inclusive: query i sees keys i - left .. i + right."""
+
+
+def effective_window(window: Window | None, length: int, *, causal: bool) -> Window | None:
+    """The reach that matters among `length` tokens (right 0 under `causal`); None when it excludes no pair."""
+    if window is None:
+        return None
+    left, right = window
+    if left < 0 or right < 0:
+        raise ValueError(f"an attention window reaches >= 0 tokens each way, not {window}")
+    if causal:
+        right = 0
+    if left >= length - 1 and (causal or right >= length - 1):
+        return None
+    return left, right
+
+
+def window_band(window: Window | None, length: int, *, causal: bool, device: torch.device) -> torch.Tensor | None:
+    """`[1, 1, length, length]`, True where key j is in query i's window (and j <= i when `causal`).
+
+    None when the window excludes no pair of `length` tokens (then the attention runs unbanded, unchanged).
+    """
+    reach = effective_window(window, length, causal=causal)
+    if reach is None:
+        return None
+    left, right = reach
+    pos = torch.arange(length, device=device)
+    rel = pos[None, :] - pos[:, None]  # key minus query position
+    return ((rel >= -left) & (rel <= right))[None, None]
+
+
+def banded(mask: torch.Tensor | None, band: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """`mask` (None, boolean, or additive) with the keys outside `band` masked too.
+
+    Padded query rows (where `key_mask` says the slot is padding) keep every key: far from the real
+    tokens their band would hold none, and a fully masked row would be NaN (dropped, but NaN all the same).
+    """
+    allowed = band if key_mask is None else band | ~key_mask.transpose(-1, -2)
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+# A window this many times narrower than a group's length runs in query blocks (`local_attention`):
+# each block scores only the keys its window can reach, not all `length` of them.
+LOCAL_BLOCKS_MIN_RATIO = 2
+
+
+def local_block(window: Window) -> int:
+    """Query block size of `local_attention`: its key span (block + left + right) is twice the window."""
+    return max(16, window[0] + window[1])
+
+
+def local_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    window: Window,
+    *,
+    scale: float | None,
+) -> torch.Tensor:
+    """Banded attention of padded `[batch, heads, len, dim]` q/k/v in query blocks; returns q's shape.
+
+    Block b of `block` queries scores the `block + left + right` keys its window can reach (zeros past
+    the ends, masked), so the cost grows with len x window, not len^2. The softmax of each query runs
+    over exactly the keys of the dense band: the same sums, in another order. `window` is the effective
+    (left, right) reach (right 0 for causal, see `effective_window`).
+    """
+    batch, heads, length, dim = q.shape
+    left, right = window
+    block = local_block(window)
+    blocks = -(-length // block)
+    span = block + left + right
+    tail = blocks * block - length
+    if k.shape[1] != heads:  # grouped-query: the key windows are copies anyway
+        k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+    # [batch, heads, blocks, span, dim]: block b's keys are padded positions b*block .. b*block + span.
+    kw, vw = (F.pad(t, (0, 0, left, right + tail)).unfold(2, span, block).transpose(-1, -2) for t in (k, v))
+    qb = F.pad(q, (0, 0, 0, tail)).view(batch, heads, blocks, block, dim)
+    valid = torch.ones(batch, length, dtype=torch.bool, device=q.device) if key_mask is None else key_mask[:, 0, 0, :]
+    key_valid = F.pad(valid, (left, right + tail)).unfold(1, span, block)  # [batch, blocks, span]
+    qi = torch.arange(block, device=q.device)[:, None]
+    kj = torch.arange(span, device=q.device)[None, :]
+    # Key kj of block b sits at b*block - left + kj, query qi at b*block + qi: within reach iff 0 <= kj - qi <= left + right.
+    in_band = (kj >= qi) & (kj <= qi + left + right)  # [block, span]
+    # A padded query row far past its sequence may keep no key; it is dropped (SDPA gives it zeros).
+    mask = in_band & key_valid[:, :, None, :]
+    # One 4-D call, [batch * blocks, heads, ...], the layout SDPA's fused CPU kernel takes.
+    q4, k4, v4 = (t.transpose(1, 2).reshape(batch * blocks, heads, -1, dim) for t in (qb, kw, vw))
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask.view(batch * blocks, 1, block, span), scale=scale)
+    return out.view(batch, blocks, heads, block, dim).transpose(1, 2).reshape(batch, heads, blocks * block, dim)[:, :, :length]
+
+
 def _to_padded(x: torch.Tensor, pack: PackInfo) -> torch.Tensor:
     """`[total, heads, dim]` -> `[batch, heads, max_len, dim]`."""
     heads, dim = x.shape[1], x.shape[2]
@@ -163,14 +257,28 @@ def packed_attention(
     causal: bool,
     scale: float | None = None,
     attn_bias: torch.Tensor | None = None,
+    window: Window | None = None,
 ) -> torch.Tensor:
-    """Attention of `[total, heads, dim]` q/k/v confined to each sequence; returns `[total, heads_q, dim]`."""
+    """Attention of `[total, heads, dim]` q/k/v confined to each sequence; returns `[total, heads_q, dim]`.
+
+    `window`: each query sees only the keys within (left, right) tokens of it (see `Window`).
+    """
     gqa = q.shape[1] != k.shape[1]
     if attn_bias is None and flash_attn_available(q.device) and q.dtype in (torch.float16, torch.bfloat16):
         fn = _flash_varlen()
+        # flash-attn's window_size is the same inclusive (left, right) reach.
+        extra = {} if window is None else {"window_size": window}
         return fn(
             q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_len, pack.max_len,
-            softmax_scale=scale, causal=causal,
+            softmax_scale=scale, causal=causal, **extra,
+        )
+    if attn_bias is not None:
+        band = window_band(window, pack.max_len, causal=causal, device=q.device)
+        if band is not None:
+            return _banded_attention(q, k, v, pack, band, scale=scale, attn_bias=attn_bias, gqa=gqa)
+    elif effective_window(window, pack.max_len, causal=causal) is not None:
+        return grouped_attention(
+            [q, k, v], lambda t: (t[0], t[1], t[2]), pack, causal=causal, scale=scale, gqa=gqa, window=window
         )
     if pack.batch == 1:
         qp, kp, vp = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -192,6 +300,25 @@ def packed_attention(
     out = F.scaled_dot_product_attention(
         qp, kp, vp, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
     )
+    heads, dim = out.shape[1], out.shape[3]
+    return out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads, dim).index_select(0, pack.scatter_index)
+
+
+def _banded_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pack: PackInfo,
+    band: torch.Tensor,
+    *,
+    scale: float | None,
+    attn_bias: torch.Tensor,
+    gqa: bool,
+) -> torch.Tensor:
+    """`packed_attention` with an additive bias under a window band (causality, if any, is in the band)."""
+    qp, kp, vp = _to_padded(q, pack), _to_padded(k, pack), _to_padded(v, pack)
+    mask = banded(attn_bias, band, pack.key_mask)
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=gqa)
     heads, dim = out.shape[1], out.shape[3]
     return out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads, dim).index_select(0, pack.scatter_index)
 
@@ -268,6 +395,7 @@ def grouped_attention(
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     gqa: bool = False,
+    window: Window | None = None,
 ) -> torch.Tensor:
     """Attention over each length group of `pack` in its own padded view; returns `[total, heads_q, dim]`.
 
@@ -275,6 +403,8 @@ def grouped_attention(
     `split` turns their padded `[batch, n, max_len, dim]` views into q, k, v. `bias` is an additive
     `[1, heads, max_len, max_len]` bias by relative position (MPNet), cut to each group's length, the
     group's key padding folded in. Right padding needs no mask under `causal` (pad rows are dropped).
+    `window` confines each query to the keys within (left, right) tokens of it: a band folded into the
+    mask, or query blocks (`local_attention`) where the group is much longer than the window.
     """
     out: torch.Tensor | None = None
     for group in pack.groups:
@@ -283,10 +413,17 @@ def grouped_attention(
             for t in parts
         ]
         q, k, v = split(padded)
-        mask = None if causal else group.key_mask
-        if bias is not None:
-            mask = mask_padding(bias[..., : group.max_len, : group.max_len], group.key_mask)
-        res = attend(q, k, v, mask, causal=causal, scale=scale, gqa=gqa)
+        reach = effective_window(window, group.max_len, causal=causal)
+        if reach is not None and bias is None and group.max_len >= LOCAL_BLOCKS_MIN_RATIO * (local_block(reach) + sum(reach)):
+            res = local_attention(q, k, v, group.key_mask, reach, scale=scale)
+        else:
+            mask = None if causal else group.key_mask
+            if bias is not None:
+                mask = mask_padding(bias[..., : group.max_len, : group.max_len], group.key_mask)
+            band = window_band(reach, group.max_len, causal=False, device=q.device)
+            if band is not None:
+                mask = banded(mask, band, group.key_mask)
+            res = attend(q, k, v, mask, causal=causal, scale=scale, gqa=gqa)
         heads, dim = res.shape[1], res.shape[3]
         rows = res.transpose(1, 2).reshape(group.batch * group.max_len, heads, dim).index_select(0, group.scatter_index)
         if group.whole:
@@ -296,41 +433,3 @@ def grouped_attention(
         out.index_copy_(0, group.rows, rows)
     assert out is not None
     return out
-
-
-def packed_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: object,
-) -> tuple[torch.Tensor, None]:
-    """transformers attention-interface entry: `[1, heads, total, dim]` in, `[1, total, heads, dim]` out."""
-    pack = kwargs.get("embedcli_pack")
-    prefix = kwargs.get("embedcli_prefix")
-    if prefix is not None:
-        # Chunked prefill: the last rows are a slice of a long sequence attending to its KV cache
-        # (see embedcli.models.kv_cache); `pack` then covers only the rows before it (or is None).
-        return prefix.attention(module, query, key, value, pack, scaling)  # type: ignore[attr-defined]
-    if not isinstance(pack, PackInfo):
-        raise RuntimeError(
-            f"{ATTN_IMPLEMENTATION} attention needs the packed-batch info (embedcli_pack=...) in the forward call"
-        )
-    if query.shape[0] != 1:
-        raise RuntimeError("packed attention expects the whole batch flattened into one row")
-    causal = bool(getattr(module, "is_causal", False))
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    out = packed_attention(q, k, v, pack, causal=causal, scale=scaling)
-    return out.unsqueeze(0), None
-
-
-@functools.cache
-def register_packed_attention() -> str:
-    """Register the packed attention with transformers (once) and return its implementation name."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention_forward)
-    return ATTN_IMPLEMENTATION

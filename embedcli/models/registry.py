@@ -202,6 +202,50 @@ GTE_KEYS = (
 )
 
 
+def _modernbert_layer_types(value: Any, config: Config) -> bool:
+    layers = int(config.get("num_hidden_layers") or 0)
+    return value is None or (
+        len(value) == layers and all(t in ("full_attention", "sliding_attention") for t in value)
+    )
+
+
+def _modernbert_rope(value: Any, _config: Config) -> bool:
+    """Only per-kind default RoPE entries (`full_attention` / `sliding_attention`)."""
+    if value is None:
+        return True
+    if not isinstance(value, Mapping):
+        return False
+    entries = value.values() if set(value) <= {"full_attention", "sliding_attention"} else [value]
+    return all(isinstance(e, Mapping) and e.get("rope_type", "default") == "default" for e in entries)
+
+
+def _modernbert_window(value: Any, config: Config) -> bool:
+    return value is None or int(value) == int(config.get("local_attention", 128)) // 2
+
+
+def _head_dim(value: Any, config: Config) -> bool:
+    heads = int(config.get("num_attention_heads") or 1)
+    return value is None or int(value) == int(config.get("hidden_size") or 0) // heads
+
+
+MODERNBERT_KEYS = (
+    ConfigKey("hidden_activation", "gelu", _activation, "the GeGLU activation"),
+    ConfigKey("classifier_activation", "gelu", _activation, "the classifier head's activation"),
+    ConfigKey("classifier_pooling", "cls", equals("cls", "mean"), "the classifier's pooling"),
+    ConfigKey("norm_eps", 1e-5, any_value, "LayerNorm epsilon"),
+    *(ConfigKey(k, False, any_value, "biases") for k in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias")),
+    ConfigKey("head_dim", None, _head_dim, "per-head width"),
+    ConfigKey("layer_types", None, _modernbert_layer_types, "global / local attention per layer"),
+    ConfigKey("global_attn_every_n_layers", 3, lambda v, _c: int(v) >= 1, "the global-attention period"),
+    ConfigKey("local_attention", 128, lambda v, _c: int(v) >= 0, "the local attention window"),
+    ConfigKey("sliding_window", None, _modernbert_window, "the local window's reach"),
+    ConfigKey("rope_parameters", None, _modernbert_rope, "RoPE per attention kind"),
+    ConfigKey("global_rope_theta", 160000.0, any_value, "RoPE base of the global layers"),
+    ConfigKey("local_rope_theta", 10000.0, any_value, "RoPE base of the local layers"),
+    ConfigKey("rope_scaling", None, lambda v, _c: not v, "RoPE scaling"),
+)
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One architecture: its backbone, the heads that backbone serves, and the config keys that change numbers."""
@@ -266,6 +310,8 @@ def _entries() -> tuple[ModelEntry, ...]:
         ModelEntry("Qwen2Model", ("qwen2",), "embedcli.models.qwen2:Qwen2Model", **decoder),
         ModelEntry("Qwen3Model", ("qwen3",), "embedcli.models.qwen3:Qwen3Model",
                    **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
+        ModelEntry("ModernBertModel", ("modernbert",), "embedcli.models.modernbert:ModernBertModel",
+                   keys=MODERNBERT_KEYS),
         # NomicBERT and GTE NewModel ship as remote code; vLLM and TEI run them natively, and so does embedcli.
         ModelEntry("NomicBertModel", ("nomic_bert",), "embedcli.models.nomic_bert:NomicBertModel",
                    heads=frozenset({"base"}), keys=NOMIC_KEYS, token_types=True, replaces_remote_code=True),

@@ -11,15 +11,12 @@ from hypothesis import strategies as st
 from embedcli.models import packing
 from embedcli.models.layers import varlen_attention
 from embedcli.models.packing import (
-    ATTN_IMPLEMENTATION,
     GROUP_LENGTH_RATIO,
     PackInfo,
     attend,
     length_groups,
     packed_attention,
-    packed_attention_forward,
     padded_bias,
-    register_packed_attention,
 )
 
 lengths_strategy = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=8)
@@ -101,34 +98,6 @@ def test_padded_bias_masks_only_padding() -> None:
     assert torch.isinf(folded[1, :, :, 1:]).all() and (folded[1, :, :, 0] == 0).all()
     assert (folded[0] == 0).all()
     assert padded_bias(bias, PackInfo.build([3, 3])) is bias
-
-
-def test_attention_interface_needs_pack() -> None:
-    q = torch.randn(1, 2, 3, 4)
-    with pytest.raises(RuntimeError, match="embedcli_pack"):
-        packed_attention_forward(torch.nn.Module(), q, q, q, None)
-    with pytest.raises(RuntimeError, match="flattened into one row"):
-        packed_attention_forward(torch.nn.Module(), q.expand(2, -1, -1, -1), q, q, None, embedcli_pack=PackInfo.build([3]))
-
-
-def test_attention_interface_layout() -> None:
-    """`[1, heads, total, dim]` in, `[1, total, heads, dim]` out; causality read from the module."""
-    gen = torch.Generator().manual_seed(2)
-    lengths = [3, 5]
-    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
-    module = torch.nn.Module()
-    module.is_causal = True
-    out, weights = packed_attention_forward(module, q, k, v, None, scaling=0.5, embedcli_pack=PackInfo.build(lengths))
-    assert weights is None and out.shape == (1, 8, 2, 4)
-    flat = [t[0].transpose(0, 1) for t in (q, k, v)]
-    torch.testing.assert_close(out[0], _reference(*flat, lengths, True, scale=0.5), atol=1e-6, rtol=1e-5)
-
-
-def test_registration_is_idempotent() -> None:
-    from transformers import AttentionInterface
-
-    assert register_packed_attention() == ATTN_IMPLEMENTATION == register_packed_attention()
-    assert ATTN_IMPLEMENTATION in AttentionInterface._global_mapping
 
 
 # -- length groups: attention pads each group of similar lengths only ------------------------------------
