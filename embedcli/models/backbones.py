@@ -33,6 +33,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "mistral": ("embedcli.models.llama", "LlamaModel"),
     "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
     "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
+    "gemma2": ("embedcli.models.gemma", "Gemma2Model"),
+    "gemma3_text": ("embedcli.models.gemma", "Gemma3TextModel"),
 }
 
 def has_own_backbone(model_type: str) -> bool:
