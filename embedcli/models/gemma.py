@@ -5,7 +5,8 @@ What both share (transformers' `modeling_gemma2.py` / `modeling_gemma3.py`): Gem
 after attention and the MLP), a gated MLP, scores scaled by `query_pre_attn_scalar ** -0.5`, and a sliding
 window on the layers `layer_types` names "sliding_attention". Gemma2 caps the attention scores
 (`tanh(s / cap) * cap`, before the mask) and takes one RoPE; Gemma3 normalizes queries and keys per head and
-takes RoPE per layer type. The LM head's final logit cap belongs to the yes/no score head (`lm_heads.py`).
+takes RoPE per layer type (transformers' Gemma3 attention takes no cap: a config naming one is refused). The
+LM head's final logit cap belongs to the yes/no score head (`lm_heads.py`).
 
 Windows, as transformers builds the masks: causal, key `j` of query `i` is seen when `i - window < j <= i`;
 bidirectional (Gemma3's config stores the whole span `W` and attends `|i - j| < W // 2 + 1`), when
@@ -396,6 +397,13 @@ class Gemma3TextModel(GemmaModel):
 
     model_type: ClassVar[str] = "gemma3_text"
     qk_norm: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, config: JsonConfig) -> None:
+        """No attention cap (transformers' Gemma3 attention never passes it on); then the shared checks."""
+        if config.get("attn_logit_softcapping") is not None:
+            raise UnsupportedCheckpoint("gemma3 with attn_logit_softcapping (transformers ignores it)")
+        super().check(config)
 
     @classmethod
     def types_of_layers(cls, config: JsonConfig) -> list[str]:

@@ -365,6 +365,13 @@ class LoadedModel:
             self.dtype, self.autocast, self.weight_dtype, self.backbone = saved
 
     # -- running -----------------------------------------------------------------------------------
+    @property
+    def causal(self) -> bool:
+        """Whether attention is causal (a decoder without `use_bidirectional_attention`): only then can a
+        sequence run in chunked-prefill slices."""
+        config = getattr(self.backbone, "config", None)
+        return self.spec.is_decoder and not bool(getattr(config, "use_bidirectional_attention", False))
+
     def position_ids(self, lengths: list[int]) -> torch.Tensor:
         """Positions restarting at each sequence (plus the fairseq padding offset where the model has one)."""
         offset = 0
