@@ -21,7 +21,13 @@ from torch import nn
 # UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
 from embedcli.errors import UnsupportedCheckpoint
 from embedcli.models.gemm import gelu_tanh, linear
-from embedcli.models.packing import PackInfo, flash_attn_available, grouped_attention, packed_attention
+from embedcli.models.packing import (
+    PackInfo,
+    Window,
+    flash_attn_available,
+    grouped_attention,
+    packed_attention,
+)
 
 StateDict = dict[str, torch.Tensor]
 
@@ -162,12 +168,14 @@ def varlen_attention(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     scale: float | None = None,
+    window: Window | None = None,
 ) -> torch.Tensor:
     """Attention confined to each sequence, from a fused `[total, (heads + 2 kv_heads) * dim]` projection.
 
     Returns `[total, heads * dim]`. Sequences are padded only here, in groups of similar length (see
     `packing.grouped_attention`): the fused rows are gathered once per group. `bias` is an additive
     `[1, heads, max_len, max_len]` bias by relative position (MPNet), without the key padding.
+    `window`: each query sees only the keys within (left, right) tokens of it (`packing.Window`).
     """
     kv = kv_heads or heads
     total = qkv.shape[0]
@@ -175,13 +183,13 @@ def varlen_attention(
         q, k, v = qkv.split([heads * head_dim, kv * head_dim, kv * head_dim], dim=-1)
         out = packed_attention(
             q.view(total, heads, head_dim), k.view(total, kv, head_dim), v.view(total, kv, head_dim),
-            pack, causal=causal, scale=scale,
+            pack, causal=causal, scale=scale, window=window,
         )
         return out.reshape(total, heads * head_dim)
     fused = qkv.view(total, heads + 2 * kv, head_dim)
     out = grouped_attention(
         [fused], lambda t: t[0].split([heads, kv, kv], dim=1), pack,  # type: ignore[return-value]
-        causal=causal, scale=scale, bias=bias, gqa=kv != heads,
+        causal=causal, scale=scale, bias=bias, gqa=kv != heads, window=window,
     )
     return out.reshape(total, heads * head_dim)
 

@@ -134,6 +134,43 @@ def padded_bias(bias: torch.Tensor, pack: PackInfo) -> torch.Tensor:
     return mask_padding(bias, pack.key_mask)
 
 
+Window = tuple[int, int]
+"""How far a query reaches (left, right) in tokens, both inclusive: query i sees keys i - left .. i + right."""
+
+
+def window_band(window: Window | None, length: int, *, causal: bool, device: torch.device) -> torch.Tensor | None:
+    """`[1, 1, length, length]`, True where key j is in query i's window (and j <= i when `causal`).
+
+    None when the window excludes no pair of `length` tokens (then the attention runs unbanded, unchanged).
+    """
+    if window is None:
+        return None
+    left, right = window
+    if left < 0 or right < 0:
+        raise ValueError(f"an attention window reaches >= 0 tokens each way, not {window}")
+    if causal:
+        right = 0
+    if left >= length - 1 and (causal or right >= length - 1):
+        return None
+    pos = torch.arange(length, device=device)
+    rel = pos[None, :] - pos[:, None]  # key minus query position
+    return ((rel >= -left) & (rel <= right))[None, None]
+
+
+def banded(mask: torch.Tensor | None, band: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """`mask` (None, boolean, or additive) with the keys outside `band` masked too.
+
+    Padded query rows (where `key_mask` says the slot is padding) keep every key: far from the real
+    tokens their band would hold none, and a fully masked row would be NaN (dropped, but NaN all the same).
+    """
+    allowed = band if key_mask is None else band | ~key_mask.transpose(-1, -2)
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
 def _to_padded(x: torch.Tensor, pack: PackInfo) -> torch.Tensor:
     """`[total, heads, dim]` -> `[batch, heads, max_len, dim]`."""
     heads, dim = x.shape[1], x.shape[2]
@@ -163,15 +200,24 @@ def packed_attention(
     causal: bool,
     scale: float | None = None,
     attn_bias: torch.Tensor | None = None,
+    window: Window | None = None,
 ) -> torch.Tensor:
-    """Attention of `[total, heads, dim]` q/k/v confined to each sequence; returns `[total, heads_q, dim]`."""
+    """Attention of `[total, heads, dim]` q/k/v confined to each sequence; returns `[total, heads_q, dim]`.
+
+    `window`: each query sees only the keys within (left, right) tokens of it (see `Window`).
+    """
     gqa = q.shape[1] != k.shape[1]
     if attn_bias is None and flash_attn_available(q.device) and q.dtype in (torch.float16, torch.bfloat16):
         fn = _flash_varlen()
+        # flash-attn's window_size is the same inclusive (left, right) reach.
+        extra = {} if window is None else {"window_size": window}
         return fn(
             q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_len, pack.max_len,
-            softmax_scale=scale, causal=causal,
+            softmax_scale=scale, causal=causal, **extra,
         )
+    band = window_band(window, pack.max_len, causal=causal, device=q.device)
+    if band is not None:
+        return _banded_attention(q, k, v, pack, band, scale=scale, attn_bias=attn_bias, gqa=gqa)
     if pack.batch == 1:
         qp, kp, vp = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         out = F.scaled_dot_product_attention(
@@ -192,6 +238,29 @@ def packed_attention(
     out = F.scaled_dot_product_attention(
         qp, kp, vp, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
     )
+    heads, dim = out.shape[1], out.shape[3]
+    return out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads, dim).index_select(0, pack.scatter_index)
+
+
+def _banded_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pack: PackInfo,
+    band: torch.Tensor,
+    *,
+    scale: float | None,
+    attn_bias: torch.Tensor | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """`packed_attention` under a window band (causality, if any, is in the band)."""
+    if attn_bias is None:
+        return grouped_attention(
+            [q, k, v], lambda t: (t[0], t[1], t[2]), pack, causal=False, scale=scale, gqa=gqa, band=band
+        )
+    qp, kp, vp = _to_padded(q, pack), _to_padded(k, pack), _to_padded(v, pack)
+    mask = banded(attn_bias, band, pack.key_mask)
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=gqa)
     heads, dim = out.shape[1], out.shape[3]
     return out.transpose(1, 2).reshape(pack.batch * pack.max_len, heads, dim).index_select(0, pack.scatter_index)
 
@@ -268,6 +337,8 @@ def grouped_attention(
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     gqa: bool = False,
+    window: Window | None = None,
+    band: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over each length group of `pack` in its own padded view; returns `[total, heads_q, dim]`.
 
@@ -275,7 +346,11 @@ def grouped_attention(
     `split` turns their padded `[batch, n, max_len, dim]` views into q, k, v. `bias` is an additive
     `[1, heads, max_len, max_len]` bias by relative position (MPNet), cut to each group's length, the
     group's key padding folded in. Right padding needs no mask under `causal` (pad rows are dropped).
+    `window` confines each query to the keys within (left, right) tokens of it; `band` is the same as a
+    `[1, 1, max_len, max_len]` mask already built for `pack.max_len` (by `window_band`).
     """
+    if band is None and window is not None:
+        band = window_band(window, pack.max_len, causal=causal, device=parts[0].device)
     out: torch.Tensor | None = None
     for group in pack.groups:
         padded = [
@@ -286,6 +361,8 @@ def grouped_attention(
         mask = None if causal else group.key_mask
         if bias is not None:
             mask = mask_padding(bias[..., : group.max_len, : group.max_len], group.key_mask)
+        if band is not None:
+            mask = banded(mask, band[..., : group.max_len, : group.max_len], group.key_mask)
         res = attend(q, k, v, mask, causal=causal, scale=scale, gqa=gqa)
         heads, dim = res.shape[1], res.shape[3]
         rows = res.transpose(1, 2).reshape(group.batch * group.max_len, heads, dim).index_select(0, group.scatter_index)
@@ -323,8 +400,20 @@ def packed_attention_forward(
         raise RuntimeError("packed attention expects the whole batch flattened into one row")
     causal = bool(getattr(module, "is_causal", False))
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    out = packed_attention(q, k, v, pack, causal=causal, scale=scaling)
+    out = packed_attention(q, k, v, pack, causal=causal, scale=scaling, window=hf_window(kwargs.get("sliding_window")))
     return out.unsqueeze(0), None
+
+
+def hf_window(sliding_window: object) -> Window | None:
+    """The reach of transformers' `sliding_window` attention kwarg (as its flash path: `sliding_window - 1`).
+
+    transformers' own masks agree: causal `q - k < sliding_window`, ModernBERT's bidirectional
+    `|q - k| <= local_attention // 2` with `sliding_window = local_attention // 2 + 1`.
+    """
+    if sliding_window is None:
+        return None
+    reach = int(sliding_window) - 1  # type: ignore[call-overload]
+    return (reach, reach)
 
 
 @functools.cache
