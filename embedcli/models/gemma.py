@@ -31,7 +31,7 @@ from embedcli.models.layers import (
     copy_norm,
 )
 from embedcli.models.llama import rope_inv_freq, rotate
-from embedcli.models.packing import PackInfo, grouped_attention
+from embedcli.models.packing import PackInfo, Window, packed_attention
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' defaults where config.json omits a key (Gemma2Config / Gemma3TextConfig).
@@ -42,8 +42,6 @@ GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 GEMMA3_PATTERN = 6
 # Query rows per block of the eager (softcapped) attention: its score matrix stays `block x keys`.
 SCORE_BLOCK = 512
-
-Window = tuple[int, int]  # how far a query sees to the left and to the right, inclusive
 
 
 class GemmaRMSNorm(nn.Module):
@@ -153,14 +151,12 @@ class GemmaAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo) -> torch.Tensor:
         """Attention of `[total, heads, dim]` q/k/v within each sequence of `pack`."""
-        if self.softcap is not None or self.window is not None:
+        if self.softcap is not None:
             return packed_eager_attention(
                 q, k, v, pack, causal=self.causal, window=self.window, scale=self.scale, softcap=self.softcap
             )
-        return grouped_attention(
-            [q, k, v], lambda t: (t[0], t[1], t[2]), pack, causal=self.causal, scale=self.scale,
-            gqa=self.kv_heads != self.heads,
-        )
+        # No cap: SDPA (flash-attn on CUDA) with the window folded into the mask.
+        return packed_attention(q, k, v, pack, causal=self.causal, scale=self.scale, window=self.window)
 
     def attend_prefix(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice
