@@ -87,8 +87,8 @@ class Runner:
         self.needs_token_ids = self.pooler.requires_token_ids()
         # Decoders run a sequence over the token budget in slices; the pooler must declare it carries them,
         # so wrong wiring fails here, not at the first long document. A decoder with bidirectional attention
-        # (EmbeddingGemma) cannot: a slice would need the tokens after it.
-        self.sliceable = bool(spec.is_decoder) and model.causal and self.options.chunked_prefill
+        # (EmbeddingGemma) cannot: a slice would need the tokens after it (see `LoadedModel.can_slice`).
+        self.sliceable = bool(spec.is_decoder) and model.can_slice and self.options.chunked_prefill
         if self.sliceable and not self.pooler.carries_slices():
             raise PoolingConfigError(
                 f"{type(self.pooler).__name__} ({task}) cannot pool a sequence split over chunked-prefill slices"

@@ -367,10 +367,21 @@ class LoadedModel:
     # -- running -----------------------------------------------------------------------------------
     @property
     def causal(self) -> bool:
-        """Whether attention is causal (a decoder without `use_bidirectional_attention`): only then can a
-        sequence run in chunked-prefill slices."""
+        """Whether attention is causal (a decoder without `use_bidirectional_attention`)."""
         config = getattr(self.backbone, "config", None)
         return self.spec.is_decoder and not bool(getattr(config, "use_bidirectional_attention", False))
+
+    @property
+    def can_slice(self) -> bool:
+        """Whether a sequence over the token budget may run in chunked-prefill slices: causal attention, and
+        on transformers' modules none the KV-cache attention would drop (a sliding window, a score cap)."""
+        if not self.causal:
+            return False
+        if self.own_backbone:
+            return True
+        config = self.backbone.config
+        windowed = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+        return not windowed and getattr(config, "attn_logit_softcapping", None) is None
 
     def position_ids(self, lengths: list[int]) -> torch.Tensor:
         """Positions restarting at each sequence (plus the fairseq padding offset where the model has one)."""

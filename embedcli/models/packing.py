@@ -400,6 +400,17 @@ def packed_attention_forward(
         raise RuntimeError("packed attention expects the whole batch flattened into one row")
     causal = bool(getattr(module, "is_causal", False))
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        # Gemma2's score cap (tanh before the mask) has no SDPA form: the own Gemma backbone's eager attention.
+        from embedcli.models.gemma import packed_eager_attention
+
+        window = hf_window(kwargs.get("sliding_window"))
+        out = packed_eager_attention(
+            q, k, v, pack, causal=causal, window=window, scale=float(scaling or q.shape[-1] ** -0.5),
+            softcap=float(softcap),  # type: ignore[arg-type]
+        )
+        return out.unsqueeze(0), None
     out = packed_attention(q, k, v, pack, causal=causal, scale=scaling, window=hf_window(kwargs.get("sliding_window")))
     return out.unsqueeze(0), None
 

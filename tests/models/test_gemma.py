@@ -285,9 +285,28 @@ def test_gemma2_rerank_orders_by_the_capped_score(cli, gemma, tmp_path) -> None:
         assert abs(row["score"] - want[row["id"]]) <= TOL
 
 
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_gemma2_score_on_the_transformers_path_matches_too(cli, gemma, tmp_path, budget) -> None:
+    """transformers' modules on the packed attention: window (packing) and cap (the eager path) kept, long rows
+    run alone rather than in slices (the KV-cache attention would drop both), the head's logits capped."""
+    flags = ("--classifier-from-tokens", "no,yes", "--pair-template", TEMPLATE)
+    out = tmp_path / "s.parquet"
+    cli("score", _pairs_file(tmp_path), "-m", gemma["gemma2"], *flags, "--max-batch-tokens", budget, "-o", out, "-q",
+        env={"EMBEDCLI_BACKBONE": "transformers"})
+    ref = LogitsReference(gemma["gemma2"])
+    want = [ref.score(ref.tok(TEMPLATE.format(query=q, document=d))["input_ids"]) for q, d in PAIRS]
+    np.testing.assert_allclose(_scores(out), want, rtol=0, atol=TOL)
+
+
+def test_transformers_path_never_slices_a_windowed_or_capped_model(gemma) -> None:
+    spec = load_model_spec(str(gemma["gemma2-ce"]))
+    model = LoadedModel(spec, ModelOptions(device="cpu", dtype="float32", backbone="transformers"))
+    assert not model.own_backbone and model.causal and not model.can_slice
+
+
 def test_gemma2_reranker_runs_on_the_own_backbone(gemma, loaded) -> None:
     model = loaded("gemma2-ce")
-    assert model.own_backbone and model.causal and model.spec.head == "lm_score"
+    assert model.own_backbone and model.can_slice and model.spec.head == "lm_score"
 
 
 def test_transformers_path_score_head_caps_the_logits(gemma) -> None:
