@@ -28,6 +28,7 @@ from embedcli.models.spec import load_model_spec
 from tests.fixtures.gemma import (
     GEMMA_TEXTS,
     build_embeddinggemma,
+    build_gemma2_classifier,
     build_gemma2_crossencoder,
     build_gemma2_lm,
     build_gemma3_text,
@@ -54,6 +55,7 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             root / "gemma3-causal", seed=8, use_bidirectional_attention=False, rope_parameters=LINEAR_ROPE
         ),
         "gemma2": build_gemma2_lm(root / "gemma2"),
+        "gemma2-classifier": build_gemma2_classifier(root / "gemma2-classifier"),
     }
     models["embeddinggemma"] = build_embeddinggemma(models["gemma3"], root / "embeddinggemma")
     models["gemma2-ce"] = build_gemma2_crossencoder(models["gemma2"], root / "gemma2-ce")
@@ -325,6 +327,32 @@ def test_transformers_path_score_head_caps_the_logits(gemma) -> None:
         raw = (last @ model.lm_head.weight[[true_id]].T - last @ model.lm_head.weight[[false_id]].T)[0, 0]
     assert abs(float(got - want)) <= 1e-6
     assert abs(float(raw - want)) > 1e-2  # uncapped would differ
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_gemma2_sequence_classifier_matches_transformers(gemma, loaded, budget) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    model = loaded("gemma2-classifier")
+    assert model.own_backbone and model.spec.head == "sequence_classification"
+    runner = Runner(model, RunnerOptions(task="classify", max_batch_tokens=budget))
+    got = runner.embed(list(GEMMA_TEXTS))
+    ref = AutoModelForSequenceClassification.from_pretrained(str(gemma["gemma2-classifier"]), attn_implementation="eager")
+    with torch.no_grad():
+        logits = torch.cat([ref(input_ids=torch.tensor([ref_tok(model, t)])).logits for t in GEMMA_TEXTS])
+    np.testing.assert_allclose(got, torch.softmax(logits, -1).numpy(), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("name", ["embeddinggemma", "gemma3-causal", "gemma2"])
+def test_bf16_autocast_stays_close_to_float32(gemma, loaded, name) -> None:
+    """bf16 on the CPU (autocast over float32 weights) through the same paths, sliced prefill included."""
+    bf16 = LoadedModel(load_model_spec(str(gemma[name])), ModelOptions(device="cpu", dtype="bfloat16"))
+    assert bf16.own_backbone
+    options = RunnerOptions(max_batch_tokens=24, normalize=True)
+    got = Runner(bf16, options).embed(list(GEMMA_TEXTS))
+    want = Runner(loaded(name), options).embed(list(GEMMA_TEXTS))
+    cosines = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosines.min() > 0.999, cosines
 
 
 # -- what check() refuses --------------------------------------------------------------------------------
