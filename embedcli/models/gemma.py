@@ -40,7 +40,7 @@ QUERY_PRE_ATTN_SCALAR = 256
 SLIDING_WINDOW = 4096
 GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 GEMMA3_PATTERN = 6
-# Query rows per block of the eager (softcapped) attention: its score matrix stays `block x keys`.
+# Query rows per block of the eager (capped) attention: its score matrix stays `block x keys`.
 SCORE_BLOCK = 512
 
 
@@ -85,7 +85,7 @@ def eager_attention(
     return torch.matmul(probs, v)
 
 
-def _capped_blocks(
+def _eager_blocks(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
     causal: bool, window: Window | None, scale: float, softcap: float | None,
 ) -> torch.Tensor:
@@ -109,14 +109,15 @@ def packed_eager_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo,
     *, causal: bool, window: Window | None, scale: float, softcap: float | None,
 ) -> torch.Tensor:
-    """Eager (optionally softcapped, windowed) attention of `[total, heads, dim]` q/k/v confined to each sequence, per length group."""
+    """Eager attention (a score cap, a window: both optional) of `[total, heads, dim]` q/k/v confined to each
+    sequence, per length group of `pack`."""
     out: torch.Tensor | None = None
     for group in pack.groups:
         qp, kp, vp = (
             t.index_select(0, group.gather_index).view(group.batch, group.max_len, t.shape[1], t.shape[2]).transpose(1, 2)
             for t in (q, k, v)
         )
-        res = _capped_blocks(qp, kp, vp, group.key_mask, causal, window, scale, softcap)
+        res = _eager_blocks(qp, kp, vp, group.key_mask, causal, window, scale, softcap)
         heads, dim = res.shape[1], res.shape[3]
         rows = res.transpose(1, 2).reshape(group.batch * group.max_len, heads, dim).index_select(0, group.scatter_index)
         if group.whole:
@@ -225,7 +226,7 @@ class GemmaLayer(nn.Module):
 
 def layer_window(config: JsonConfig, causal: bool) -> Window:
     """The reach of a sliding layer, as transformers masks it (see the module docstring)."""
-    window = int(config.sliding_window)
+    window = int(getattr(config, "sliding_window", SLIDING_WINDOW))
     if causal:
         return (window - 1, 0)
     return (window // 2, window // 2)
@@ -280,8 +281,9 @@ class GemmaModel(nn.Module):
         types = cls.types_of_layers(config)
         if len(types) != int(config.num_hidden_layers) or any(t not in LAYER_TYPES for t in types):
             raise UnsupportedCheckpoint(f"layer_types {types!r}")
-        if "sliding_attention" in types and int(config.get("sliding_window", 0) or 0) < 1:
-            raise UnsupportedCheckpoint("sliding layers without a sliding_window")
+        window = getattr(config, "sliding_window", SLIDING_WINDOW)
+        if "sliding_attention" in types and (window is None or int(window) < 1):
+            raise UnsupportedCheckpoint(f"sliding layers with sliding_window {window!r}")
         cap = config.get("attn_logit_softcapping")
         if cap is not None and not float(cap) > 0:
             raise UnsupportedCheckpoint(f"attn_logit_softcapping {cap!r}")

@@ -20,7 +20,7 @@ import torch
 
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.errors import UnsupportedCheckpoint
-from embedcli.models.gemma import Gemma2Model, Gemma3TextModel
+from embedcli.models.gemma import Gemma2Model, Gemma3TextModel, layer_window
 from embedcli.models.layers import JsonConfig
 from embedcli.models.lm_heads import lm_score_head
 from embedcli.models.loader import LoadedModel, ModelOptions
@@ -407,3 +407,14 @@ def test_default_layer_types_follow_the_config_classes(gemma) -> None:
     legacy = _config(gemma["gemma3-legacy"])
     assert Gemma3TextModel.rope_parameters(legacy, "sliding_attention") == {"rope_type": "default", "rope_theta": 100.0}
     assert Gemma3TextModel.rope_parameters(legacy, "full_attention")["rope_theta"] == 1_000_000.0
+
+
+def test_window_reach_as_transformers_masks_it(gemma) -> None:
+    # EmbeddingGemma's config stores the whole span (10 here, 512 real): transformers attends |i - j| < 10 // 2 + 1.
+    assert layer_window(_config(gemma["gemma3"]), causal=False) == (5, 5)
+    assert layer_window(_config(gemma["gemma2"]), causal=True) == (7, 0)
+    data = json.loads((gemma["gemma2"] / "config.json").read_text(encoding="utf-8"))
+    del data["sliding_window"]
+    absent = JsonConfig(**data)
+    Gemma2Model.check(absent)
+    assert layer_window(absent, causal=True) == (4095, 0)  # Gemma2Config's default, 4096
