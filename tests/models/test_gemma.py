@@ -200,6 +200,21 @@ def test_embeddinggemma_cli_matches_sentence_transformers(cli, gemma, tmp_path, 
     np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
 
 
+def test_embeddinggemma_on_the_transformers_path_matches_too(cli, gemma, tmp_path) -> None:
+    """transformers' Gemma3 modules on the packed attention keep the bidirectional window (packing's band)."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = gemma["embeddinggemma"]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(GEMMA_TEXTS)))
+    out = tmp_path / "e.parquet"
+    cli("embed", corpus, "-m", folder, "-o", out, "--max-batch-tokens", 24, "--prompt-name", "query", "-q",
+        env={"EMBEDCLI_BACKBONE": "transformers"})
+    got = np.asarray(pq.read_table(out).column("embedding").to_pylist(), dtype=np.float32)
+    want = SentenceTransformer(str(folder), device="cpu").encode(list(GEMMA_TEXTS), prompt_name="query")
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
+
+
 def test_embeddinggemma_runs_on_the_own_backbone_unsliced(loaded) -> None:
     model = loaded("embeddinggemma")
     assert model.own_backbone and not model.causal
