@@ -34,6 +34,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "mistral": ("embedcli.models.llama", "LlamaModel"),
     "qwen2": ("embedcli.models.qwen2", "Qwen2Model"),
     "qwen3": ("embedcli.models.qwen3", "Qwen3Model"),
+    "gemma": ("embedcli.models.gemma", "GemmaV1Model"),
     "gemma2": ("embedcli.models.gemma", "Gemma2Model"),
     "gemma3_text": ("embedcli.models.gemma", "Gemma3TextModel"),
 }

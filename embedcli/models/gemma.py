@@ -132,13 +132,15 @@ def packed_eager_attention(
 class GemmaAttention(nn.Module):
     """Grouped-query attention with Gemma's scale, optional q/k norms, window and score cap."""
 
-    def __init__(self, config: JsonConfig, layer_idx: int, layer_type: str, *, qk_norm: bool, causal: bool) -> None:
+    def __init__(
+        self, config: JsonConfig, layer_idx: int, layer_type: str, *, qk_norm: bool, causal: bool, scale: float
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx  # keys the KV cache of chunked prefill
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.get("num_key_value_heads", self.heads))
         self.head_dim = int(config.get("head_dim", HEAD_DIM))
-        self.scale = float(config.get("query_pre_attn_scalar", QUERY_PRE_ATTN_SCALAR)) ** -0.5
+        self.scale = scale
         self.causal = causal
         self.window = layer_window(config, causal) if layer_type == "sliding_attention" else None
         cap = config.get("attn_logit_softcapping")
@@ -200,28 +202,34 @@ class GemmaAttention(nn.Module):
 
 
 class GemmaLayer(nn.Module):
-    """x + post_attn_norm(attn(input_norm(x))), then x + post_ff_norm(mlp(pre_ff_norm(x)))."""
+    """x + post_attn_norm(attn(input_norm(x))), then x + post_ff_norm(mlp(pre_ff_norm(x))); Gemma (v1) has no
+    post norms (`sandwich` off)."""
 
-    def __init__(self, config: JsonConfig, layer_idx: int, layer_type: str, *, qk_norm: bool, causal: bool) -> None:
+    def __init__(
+        self, config: JsonConfig, layer_idx: int, layer_type: str,
+        *, qk_norm: bool, causal: bool, scale: float, act: str, sandwich: bool,
+    ) -> None:
         super().__init__()
         hidden, inter = int(config.hidden_size), int(config.intermediate_size)
         eps = float(config.get("rms_norm_eps", 1e-6))
         self.layer_type = layer_type
         self.input_norm = GemmaRMSNorm(hidden, eps)
-        self.attn = GemmaAttention(config, layer_idx, layer_type, qk_norm=qk_norm, causal=causal)
-        self.post_attn_norm = GemmaRMSNorm(hidden, eps)
+        self.attn = GemmaAttention(config, layer_idx, layer_type, qk_norm=qk_norm, causal=causal, scale=scale)
+        self.post_attn_norm = GemmaRMSNorm(hidden, eps) if sandwich else None
         self.pre_ff_norm = GemmaRMSNorm(hidden, eps)
         self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
         self.down = nn.Linear(inter, hidden, bias=False)
-        self.post_ff_norm = GemmaRMSNorm(hidden, eps)
-        self.act = activation(config.get("hidden_activation", "gelu_pytorch_tanh"))
+        self.post_ff_norm = GemmaRMSNorm(hidden, eps) if sandwich else None
+        self.act = activation(act)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice | None
     ) -> torch.Tensor:
-        x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, pack, prefix))
+        h = self.attn(self.input_norm(x), cos, sin, pack, prefix)
+        x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         gate, up = linear(self.gate_up, self.pre_ff_norm(x)).chunk(2, dim=-1)
-        return x + self.post_ff_norm(linear(self.down, self.act(gate) * up))
+        h = linear(self.down, self.act(gate) * up)
+        return x + (h if self.post_ff_norm is None else self.post_ff_norm(h))
 
 
 def layer_window(config: JsonConfig, causal: bool) -> Window:
@@ -238,6 +246,7 @@ class GemmaModel(nn.Module):
     prefixes: ClassVar[tuple[str, ...]] = ("", "model.")
     token_types: ClassVar[bool] = False
     qk_norm: ClassVar[bool] = False
+    sandwich: ClassVar[bool] = True  # norms after attention and the MLP too (Gemma2, Gemma3)
     model_type: ClassVar[str] = ""
 
     def __init__(self, config: JsonConfig) -> None:
@@ -250,7 +259,10 @@ class GemmaModel(nn.Module):
         self.embed_tokens = nn.Embedding(int(config.vocab_size), hidden)
         self.embed_scale = hidden**0.5
         self.layers = nn.ModuleList(
-            GemmaLayer(config, i, kind, qk_norm=self.qk_norm, causal=self.causal)
+            GemmaLayer(
+                config, i, kind, qk_norm=self.qk_norm, causal=self.causal, scale=self.attention_scale(config),
+                act=self.mlp_activation(config), sandwich=self.sandwich,
+            )
             for i, kind in enumerate(self.layer_types)
         )
         self.norm = GemmaRMSNorm(hidden, float(config.get("rms_norm_eps", 1e-6)))
@@ -267,6 +279,16 @@ class GemmaModel(nn.Module):
     def types_of_layers(cls, config: JsonConfig) -> list[str]:
         """Each layer's "sliding_attention" / "full_attention", as the config class fills `layer_types`."""
         raise NotImplementedError
+
+    @classmethod
+    def attention_scale(cls, config: JsonConfig) -> float:
+        """The score scale: `query_pre_attn_scalar ** -0.5` (default 256)."""
+        return float(config.get("query_pre_attn_scalar", QUERY_PRE_ATTN_SCALAR)) ** -0.5
+
+    @classmethod
+    def mlp_activation(cls, config: JsonConfig) -> str:
+        """The MLP's activation, by transformers' name (`hidden_activation`, default gelu_pytorch_tanh)."""
+        return str(config.get("hidden_activation", "gelu_pytorch_tanh"))
 
     @classmethod
     def rope_parameters(cls, config: JsonConfig, layer_type: str) -> dict[str, Any]:
@@ -290,7 +312,7 @@ class GemmaModel(nn.Module):
         final = config.get("final_logit_softcapping")
         if final is not None and not float(final) > 0:
             raise UnsupportedCheckpoint(f"final_logit_softcapping {final!r}")
-        activation(config.get("hidden_activation", "gelu_pytorch_tanh"))
+        activation(cls.mlp_activation(config))
         head_dim = int(config.get("head_dim", HEAD_DIM))
         for kind in set(types):
             params = cls.rope_parameters(config, kind)
@@ -313,9 +335,12 @@ class GemmaModel(nn.Module):
                 copy_norm(attn.q_norm, weights, f"{p}self_attn.q_norm")
                 copy_norm(attn.k_norm, weights, f"{p}self_attn.k_norm")
             copy_norm(layer.input_norm, weights, f"{p}input_layernorm")
-            copy_norm(layer.post_attn_norm, weights, f"{p}post_attention_layernorm")
-            copy_norm(layer.pre_ff_norm, weights, f"{p}pre_feedforward_layernorm")
-            copy_norm(layer.post_ff_norm, weights, f"{p}post_feedforward_layernorm")
+            if layer.post_attn_norm is not None and layer.post_ff_norm is not None:
+                copy_norm(layer.post_attn_norm, weights, f"{p}post_attention_layernorm")
+                copy_norm(layer.pre_ff_norm, weights, f"{p}pre_feedforward_layernorm")
+                copy_norm(layer.post_ff_norm, weights, f"{p}post_feedforward_layernorm")
+            else:  # Gemma (v1): the norm after attention is the MLP's input norm (Llama's layout)
+                copy_norm(layer.pre_ff_norm, weights, f"{p}post_attention_layernorm")
             copy_linear(layer.gate_up, weights, f"{p}mlp.gate_proj", f"{p}mlp.up_proj")
             copy_linear(layer.down, weights, f"{p}mlp.down_proj")
         copy_norm(self.norm, weights, "norm")
@@ -359,6 +384,43 @@ class GemmaModel(nn.Module):
             cos, sin = rope[layer.layer_type]
             x = layer(x, cos, sin, pack, prefix)
         return self.norm(x)
+
+
+class GemmaV1Model(GemmaModel):
+    """Gemma (v1, bge-reranker-v2-gemma's base): Llama's layer layout with Gemma's norms, embedding scale and
+    MLP; scores scaled by `head_dim ** -0.5`, no window, no caps."""
+
+    model_type: ClassVar[str] = "gemma"
+    sandwich: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, config: JsonConfig) -> None:
+        """Causal, and none of Gemma2's keys (transformers' Gemma ignores them); then the shared checks."""
+        for key in ("use_bidirectional_attention", "attn_logit_softcapping", "final_logit_softcapping", "layer_types"):
+            if config.get(key):
+                raise UnsupportedCheckpoint(f"gemma with {key} (transformers' Gemma ignores it)")
+        super().check(config)
+
+    @classmethod
+    def types_of_layers(cls, config: JsonConfig) -> list[str]:
+        """Every layer attends in full."""
+        return ["full_attention"] * int(config.num_hidden_layers)
+
+    @classmethod
+    def attention_scale(cls, config: JsonConfig) -> float:
+        """`head_dim ** -0.5` (GemmaAttention has no query_pre_attn_scalar)."""
+        return float(config.get("head_dim", HEAD_DIM)) ** -0.5
+
+    @classmethod
+    def mlp_activation(cls, config: JsonConfig) -> str:
+        """`hidden_act`; the official releases' legacy "gelu" means the tanh form (GemmaConfig rewrites it)."""
+        act = str(config.get("hidden_act", "gelu_pytorch_tanh"))
+        return "gelu_pytorch_tanh" if act == "gelu" else act
+
+    @classmethod
+    def rope_parameters(cls, config: JsonConfig, layer_type: str) -> dict[str, Any]:
+        """As Gemma2: `rope_parameters`, else `rope_scaling` with `rope_theta` (default 10000)."""
+        return Gemma2Model.rope_parameters(config, layer_type)
 
 
 class Gemma2Model(GemmaModel):

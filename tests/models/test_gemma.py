@@ -20,7 +20,7 @@ import torch
 
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.errors import UnsupportedCheckpoint
-from embedcli.models.gemma import Gemma2Model, Gemma3TextModel, layer_window
+from embedcli.models.gemma import Gemma2Model, Gemma3TextModel, GemmaV1Model, layer_window
 from embedcli.models.layers import JsonConfig
 from embedcli.models.lm_heads import lm_score_head
 from embedcli.models.loader import LoadedModel, ModelOptions
@@ -32,11 +32,12 @@ from tests.fixtures.gemma import (
     build_gemma2_crossencoder,
     build_gemma2_lm,
     build_gemma3_text,
+    build_gemma_lm,
 )
 
 BUDGETS = (24, 96, 4096)
 TOL = 1e-5
-BASES = ("gemma3", "gemma3-legacy", "gemma3-causal", "gemma2")
+BASES = ("gemma3", "gemma3-legacy", "gemma3-causal", "gemma2", "gemma")
 LINEAR_ROPE = {
     "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0},
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
@@ -55,6 +56,7 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             root / "gemma3-causal", seed=8, use_bidirectional_attention=False, rope_parameters=LINEAR_ROPE
         ),
         "gemma2": build_gemma2_lm(root / "gemma2"),
+        "gemma": build_gemma_lm(root / "gemma"),
         "gemma2-classifier": build_gemma2_classifier(root / "gemma2-classifier"),
     }
     models["embeddinggemma"] = build_embeddinggemma(models["gemma3"], root / "embeddinggemma")
@@ -149,7 +151,7 @@ def test_tokens_are_transformers_tokens(name, loaded) -> None:
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
-@pytest.mark.parametrize("name", ["gemma3", "gemma3-causal", "gemma2"])
+@pytest.mark.parametrize("name", ["gemma3", "gemma3-causal", "gemma2", "gemma"])
 def test_runner_last_token_at_three_budgets(name, budget, loaded, reference) -> None:
     """Through the runner: at 24 tokens the causal models prefill their long rows in slices (KV cache with the
     window and the cap), the bidirectional one runs them alone."""
@@ -246,10 +248,11 @@ class LogitsReference:
         self.yes, self.no = self.tok.convert_tokens_to_ids("yes"), self.tok.convert_tokens_to_ids("no")
 
     @torch.no_grad()
-    def score(self, ids: list[int]) -> float:
+    def score(self, ids: list[int], one: bool = False) -> float:
         logits = self.model(input_ids=torch.tensor([ids])).logits[0, -1]
-        assert logits.abs().max() <= self.model.config.final_logit_softcapping  # the cap is in the logits
-        return float(torch.sigmoid(logits[self.yes] - logits[self.no]))
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        assert cap is None or logits.abs().max() <= cap  # the cap is in the logits
+        return float(torch.sigmoid(logits[self.yes] if one else logits[self.yes] - logits[self.no]))
 
 
 def _pairs_file(tmp_path: Path) -> Path:
@@ -321,8 +324,24 @@ def test_transformers_path_never_slices_a_windowed_or_capped_model(gemma) -> Non
     assert not model.own_backbone and model.causal and not model.can_slice
 
 
-def test_gemma2_reranker_runs_on_the_own_backbone(gemma, loaded) -> None:
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_gemma_v1_one_token_score_matches_transformers_logits(cli, gemma, tmp_path, budget) -> None:
+    """bge-reranker-v2-gemma's recipe: Gemma (v1), sigmoid of one token's logit (`--classifier-from-tokens Yes`)."""
+    flags = ("--classifier-from-tokens", "yes", "--pair-template", TEMPLATE)
+    out = tmp_path / "s.parquet"
+    cli("score", _pairs_file(tmp_path), "-m", gemma["gemma"], *flags, "--max-batch-tokens", budget, "-o", out, "-q")
+    ref = LogitsReference(gemma["gemma"])
+    want = [ref.score(ref.tok(TEMPLATE.format(query=q, document=d))["input_ids"], one=True) for q, d in PAIRS]
+    np.testing.assert_allclose(_scores(out), want, rtol=0, atol=TOL)
+
+
+def test_gemma_rerankers_run_on_the_own_backbone(gemma, loaded) -> None:
+    from embedcli.models.llm_reranker import RerankerFlags
+
     model = loaded("gemma2-ce")
+    assert model.own_backbone and model.can_slice and model.spec.head == "lm_score"
+    spec = load_model_spec(str(gemma["gemma"]), reranker=RerankerFlags(classifier_from_tokens=("yes",)))
+    model = LoadedModel(spec, ModelOptions(device="cpu", dtype="float32"))
     assert model.own_backbone and model.can_slice and model.spec.head == "lm_score"
 
 
@@ -390,6 +409,9 @@ def _config(folder: Path, **change: object) -> JsonConfig:
         ("gemma2", {"hidden_activation": "mish"}, "activation"),
         ("gemma2", {"attn_logit_softcapping": 0.0}, "attn_logit_softcapping"),
         ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ("gemma", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma", {"hidden_act": "gelu_fancy"}, "activation"),
         ("gemma3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters without"),
         ("gemma3", {"rope_parameters": {**LINEAR_ROPE, "sliding_attention": {"rope_type": "dynamic", "factor": 2.0}}},
          "RoPE type"),
@@ -399,7 +421,7 @@ def _config(folder: Path, **change: object) -> JsonConfig:
     ],
 )
 def test_check_refuses_what_it_does_not_compute(gemma, name, change, message) -> None:
-    cls = Gemma2Model if name == "gemma2" else Gemma3TextModel
+    cls = {"gemma2": Gemma2Model, "gemma3": Gemma3TextModel, "gemma": GemmaV1Model}[name]
     cls.check(_config(gemma[name]))
     with pytest.raises(UnsupportedCheckpoint, match=message):
         cls.check(_config(gemma[name], **change))
