@@ -480,13 +480,18 @@ class Gemma3TextModel(GemmaModel):
     def rope_parameters(cls, config: JsonConfig, layer_type: str) -> dict[str, Any]:
         """`rope_parameters[layer_type]` (transformers 5), else `rope_theta` + `rope_scaling` for full layers and
         `rope_local_base_freq` for sliding ones (EmbeddingGemma's config, transformers 4)."""
-        declared = config.get("rope_parameters")
+        declared, scaling = config.get("rope_parameters"), config.get("rope_scaling")
         if declared is not None:
             if layer_type not in declared:  # one set for every layer: transformers 5 refuses that for gemma3
                 raise UnsupportedCheckpoint(f"rope_parameters without {layer_type!r}")
+            if scaling:  # transformers merges it into the full layers' set: not mirrored
+                raise UnsupportedCheckpoint("both rope_parameters and rope_scaling")
             params = dict(declared[layer_type] or {})
         elif layer_type == "full_attention":
-            params = dict(config.get("rope_scaling") or {})
+            params = dict(scaling or {})
+            if "type" in params and "rope_type" not in params:
+                # transformers updates {"rope_type": "default"} with it, so the old key would not count
+                raise UnsupportedCheckpoint("rope_scaling names its type under 'type'")
             params.setdefault("rope_theta", config.get("rope_theta"))
         else:
             params = {"rope_theta": config.get("rope_local_base_freq")}

@@ -37,7 +37,7 @@ from tests.fixtures.gemma import (
 
 BUDGETS = (24, 96, 4096)
 TOL = 1e-5
-BASES = ("gemma3", "gemma3-legacy", "gemma3-causal", "gemma2", "gemma")
+BASES = ("gemma3", "gemma3-legacy", "gemma3-legacy-linear", "gemma3-causal", "gemma2", "gemma")
 LINEAR_ROPE = {
     "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0},
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
@@ -52,6 +52,10 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma3": build_gemma3_text(root / "gemma3"),
         # EmbeddingGemma's own config.json keys (transformers 4.57): rope_theta / rope_local_base_freq.
         "gemma3-legacy": build_gemma3_text(root / "gemma3-legacy", seed=7, legacy=True),
+        # Gemma3-1B-like: causal, legacy keys, linear RoPE scaling on the full layers (rope_scaling).
+        "gemma3-legacy-linear": build_gemma3_text(
+            root / "gemma3-legacy-linear", seed=11, legacy=True, use_bidirectional_attention=False
+        ),
         "gemma3-causal": build_gemma3_text(
             root / "gemma3-causal", seed=8, use_bidirectional_attention=False, rope_parameters=LINEAR_ROPE
         ),
@@ -59,6 +63,8 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma": build_gemma_lm(root / "gemma"),
         "gemma2-classifier": build_gemma2_classifier(root / "gemma2-classifier"),
     }
+    edit = models["gemma3-legacy-linear"] / "config.json"
+    edit.write_text(json.dumps({**json.loads(edit.read_text()), "rope_scaling": {"rope_type": "linear", "factor": 8.0}}))
     models["embeddinggemma"] = build_embeddinggemma(models["gemma3"], root / "embeddinggemma")
     models["gemma2-ce"] = build_gemma2_crossencoder(models["gemma2"], root / "gemma2-ce")
     return models
@@ -409,6 +415,8 @@ def _config(folder: Path, **change: object) -> JsonConfig:
         ("gemma2", {"hidden_activation": "mish"}, "activation"),
         ("gemma2", {"attn_logit_softcapping": 0.0}, "attn_logit_softcapping"),
         ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_scaling"),
+        ("gemma3-legacy", {"rope_scaling": {"type": "linear", "factor": 8.0}}, "under 'type'"),
         ("gemma", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
         ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ("gemma", {"hidden_act": "gelu_fancy"}, "activation"),
@@ -421,7 +429,7 @@ def _config(folder: Path, **change: object) -> JsonConfig:
     ],
 )
 def test_check_refuses_what_it_does_not_compute(gemma, name, change, message) -> None:
-    cls = {"gemma2": Gemma2Model, "gemma3": Gemma3TextModel, "gemma": GemmaV1Model}[name]
+    cls = {"gemma2": Gemma2Model, "gemma": GemmaV1Model}.get(name, Gemma3TextModel)
     cls.check(_config(gemma[name]))
     with pytest.raises(UnsupportedCheckpoint, match=message):
         cls.check(_config(gemma[name], **change))
