@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from embedcli.models.gemm import linear
@@ -180,7 +181,12 @@ class GemmaAttention(nn.Module):
             seen = cached + hi
             mask = allowed(positions[cached + lo : seen], positions[first:seen], True, self.window)
             ks, vs = keys[None, :, first:seen], values[None, :, first:seen]
-            blocks.append(eager_attention(qs[:, :, lo:hi], ks, vs, mask, self.scale, self.softcap))
+            if self.softcap is None:
+                blocks.append(F.scaled_dot_product_attention(
+                    qs[:, :, lo:hi], ks, vs, attn_mask=mask, scale=self.scale, enable_gqa=self.kv_heads != self.heads
+                ))
+            else:
+                blocks.append(eager_attention(qs[:, :, lo:hi], ks, vs, mask, self.scale, self.softcap))
         parts.append(torch.cat(blocks, dim=2)[0].transpose(0, 1))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
