@@ -64,7 +64,7 @@ def _classifier(spec: ModelSpec, weights: Weights, model: nn.Module, config: Jso
         lm_head_weight = getattr(model, "lm_head_weight", None)
         if lm_head_weight is None:
             raise UnsupportedCheckpoint(f"the LM-head score of {spec.model_type} runs on transformers")
-        softcap = config.get("final_logit_softcapping")
+        softcap = getattr(model, "final_logit_softcap", config.get("final_logit_softcapping"))
         return token_score_head(lm_head_weight(weights), None, spec.score_token_ids, softcap)
     if spec.head == "token_classification":
         return _linear(weights, "classifier")

@@ -134,7 +134,8 @@ class GemmaAttention(nn.Module):
     """Grouped-query attention with Gemma's scale, optional q/k norms, window and score cap."""
 
     def __init__(
-        self, config: JsonConfig, layer_idx: int, layer_type: str, *, qk_norm: bool, causal: bool, scale: float
+        self, config: JsonConfig, layer_idx: int, layer_type: str,
+        *, qk_norm: bool, causal: bool, scale: float, softcap: float | None,
     ) -> None:
         super().__init__()
         self.layer_idx = layer_idx  # keys the KV cache of chunked prefill
@@ -144,8 +145,7 @@ class GemmaAttention(nn.Module):
         self.scale = scale
         self.causal = causal
         self.window = layer_window(config, causal) if layer_type == "sliding_attention" else None
-        cap = config.get("attn_logit_softcapping")
-        self.softcap = None if cap is None else float(cap)
+        self.softcap = softcap
         hidden, bias = int(config.hidden_size), bool(config.get("attention_bias", False))
         self.qkv = nn.Linear(hidden, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=bias)
@@ -213,14 +213,16 @@ class GemmaLayer(nn.Module):
 
     def __init__(
         self, config: JsonConfig, layer_idx: int, layer_type: str,
-        *, qk_norm: bool, causal: bool, scale: float, act: str, sandwich: bool,
+        *, qk_norm: bool, causal: bool, scale: float, softcap: float | None, act: str, sandwich: bool,
     ) -> None:
         super().__init__()
         hidden, inter = int(config.hidden_size), int(config.intermediate_size)
         eps = float(config.get("rms_norm_eps", 1e-6))
         self.layer_type = layer_type
         self.input_norm = GemmaRMSNorm(hidden, eps)
-        self.attn = GemmaAttention(config, layer_idx, layer_type, qk_norm=qk_norm, causal=causal, scale=scale)
+        self.attn = GemmaAttention(
+            config, layer_idx, layer_type, qk_norm=qk_norm, causal=causal, scale=scale, softcap=softcap
+        )
         self.post_attn_norm = GemmaRMSNorm(hidden, eps) if sandwich else None
         self.pre_ff_norm = GemmaRMSNorm(hidden, eps)
         self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
@@ -254,6 +256,8 @@ class GemmaModel(nn.Module):
     qk_norm: ClassVar[bool] = False
     sandwich: ClassVar[bool] = True  # norms after attention and the MLP too (Gemma2, Gemma3)
     model_type: ClassVar[str] = ""
+    # The config class's values where config.json lacks the key (an explicit null is no cap).
+    default_caps: ClassVar[dict[str, float | None]] = {}
 
     def __init__(self, config: JsonConfig) -> None:
         super().__init__()
@@ -267,12 +271,14 @@ class GemmaModel(nn.Module):
         self.layers = nn.ModuleList(
             GemmaLayer(
                 config, i, kind, qk_norm=self.qk_norm, causal=self.causal, scale=self.attention_scale(config),
-                act=self.mlp_activation(config), sandwich=self.sandwich,
+                softcap=self.cap(config, "attn_logit_softcapping"), act=self.mlp_activation(config),
+                sandwich=self.sandwich,
             )
             for i, kind in enumerate(self.layer_types)
         )
         self.norm = GemmaRMSNorm(hidden, float(config.get("rms_norm_eps", 1e-6)))
         self.head_dim = int(config.get("head_dim", HEAD_DIM))
+        self.final_logit_softcap = self.cap(config, "final_logit_softcapping")  # read by the LM-head score
         self._inv_freq: dict[str, torch.Tensor] = {}
 
     # -- what the config says ------------------------------------------------------------------------
@@ -285,6 +291,12 @@ class GemmaModel(nn.Module):
     def types_of_layers(cls, config: JsonConfig) -> list[str]:
         """Each layer's "sliding_attention" / "full_attention", as the config class fills `layer_types`."""
         raise NotImplementedError
+
+    @classmethod
+    def cap(cls, config: JsonConfig, key: str) -> float | None:
+        """`attn_logit_softcapping` / `final_logit_softcapping`: the config's value, or the family's default."""
+        value = getattr(config, key, cls.default_caps.get(key))
+        return None if value is None else float(value)
 
     @classmethod
     def attention_scale(cls, config: JsonConfig) -> float:
@@ -312,12 +324,10 @@ class GemmaModel(nn.Module):
         window = getattr(config, "sliding_window", SLIDING_WINDOW)
         if "sliding_attention" in types and (window is None or int(window) < 1):
             raise UnsupportedCheckpoint(f"sliding layers with sliding_window {window!r}")
-        cap = config.get("attn_logit_softcapping")
-        if cap is not None and not float(cap) > 0:
-            raise UnsupportedCheckpoint(f"attn_logit_softcapping {cap!r}")
-        final = config.get("final_logit_softcapping")
-        if final is not None and not float(final) > 0:
-            raise UnsupportedCheckpoint(f"final_logit_softcapping {final!r}")
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cap = cls.cap(config, key)
+            if cap is not None and not cap > 0:
+                raise UnsupportedCheckpoint(f"{key} {cap!r}")
         activation(cls.mlp_activation(config))
         head_dim = int(config.get("head_dim", HEAD_DIM))
         for kind in set(types):
@@ -433,6 +443,7 @@ class Gemma2Model(GemmaModel):
     """Gemma2: scores capped in attention, sliding window on every other layer, one RoPE."""
 
     model_type: ClassVar[str] = "gemma2"
+    default_caps: ClassVar[dict[str, float | None]] = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:

@@ -463,3 +463,15 @@ def test_window_reach_as_transformers_masks_it(gemma) -> None:
     absent = JsonConfig(**data)
     Gemma2Model.check(absent)
     assert layer_window(absent, causal=True) == (4095, 0)  # Gemma2Config's default, 4096
+
+
+def test_absent_caps_are_the_config_class_defaults(gemma) -> None:
+    data = json.loads((gemma["gemma2"] / "config.json").read_text(encoding="utf-8"))
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        del data[key]
+    absent = JsonConfig(**data)
+    assert Gemma2Model.cap(absent, "attn_logit_softcapping") == 50.0  # Gemma2Config's defaults
+    assert Gemma2Model.cap(absent, "final_logit_softcapping") == 30.0
+    assert Gemma2Model.cap(_config(gemma["gemma2"], attn_logit_softcapping=None), "attn_logit_softcapping") is None
+    assert Gemma3TextModel.cap(absent, "final_logit_softcapping") is None
+    assert Gemma2Model(absent).layers[0].attn.softcap == 50.0
