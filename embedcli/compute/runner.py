@@ -86,7 +86,7 @@ class Runner:
         self.needs_token_ids = self.pooler.requires_token_ids()
         # Causal own backbones run a sequence over the token budget in slices (the fallback runs it whole); the
         # pooler must declare it carries them, so wrong wiring fails here, not at the first long document.
-        self.sliceable = bool(model.plan.causal and model.own_backbone) and self.options.chunked_prefill
+        self.sliceable = model.can_slice and self.options.chunked_prefill
         if self.sliceable and not self.pooler.carries_slices():
             raise PoolingConfigError(
                 f"{type(self.pooler).__name__} ({task}) cannot pool a sequence split over chunked-prefill slices"

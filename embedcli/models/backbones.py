@@ -19,6 +19,7 @@ from embedcli.models.layers import (
     load_state_dict,
     skip_init_weights,
 )
+from embedcli.models.lm_heads import token_score_head
 from embedcli.models.spec import ModelSpec
 
 
@@ -35,12 +36,19 @@ def _linear(weights: Weights, name: str, *, bias: bool = True) -> nn.Linear:
     return linear
 
 
-def _classifier(spec: ModelSpec, weights: Weights) -> nn.Module:
-    """The head of a `*ForSequenceClassification` / `*ForTokenClassification` checkpoint, on pooled vectors."""
+def _classifier(spec: ModelSpec, weights: Weights, model: nn.Module, config: JsonConfig) -> nn.Module:
+    """The head of a `*ForSequenceClassification` / `*ForTokenClassification` checkpoint, on pooled vectors,
+    or an LLM reranker's score rows of the LM head (families whose backbone gives `lm_head_weight`)."""
+    if spec.head == "lm_score":
+        lm_head_weight = getattr(model, "lm_head_weight", None)
+        if lm_head_weight is None:
+            raise UnsupportedCheckpoint(f"the LM-head score of {spec.model_type} runs on transformers")
+        softcap = getattr(model, "final_logit_softcap", config.get("final_logit_softcapping"))
+        return token_score_head(lm_head_weight(weights), None, spec.score_token_ids, softcap)
     if spec.model_type == "modernbert":
         from embedcli.models.modernbert import classifier_head
 
-        return classifier_head(JsonConfig.read(spec.path), weights)
+        return classifier_head(config, weights)
     if spec.head == "token_classification":
         return _linear(weights, "classifier")
     if spec.is_decoder:
@@ -73,7 +81,7 @@ def load_own_backbone(
     with skip_init_weights():
         model = cls(config)
     weights = model.load(state)
-    classifier = None if spec.head == "base" else _classifier(spec, weights).to(device=device, dtype=torch.float32)
+    classifier = None if spec.head == "base" else _classifier(spec, weights, model, config).to(device=device, dtype=torch.float32)
     model = model.to(device=device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)

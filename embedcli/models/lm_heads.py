@@ -21,6 +21,35 @@ from embedcli.pooling import (
 from embedcli.pooling.activations import PoolerClassify
 
 
+class CappedTokenLogitScore(TokenLogitScore):
+    """`TokenLogitScore` over logits capped as Gemma's LM head caps them (`final_logit_softcapping`):
+    `tanh(logit / cap) * cap` on each token's logit, before the difference."""
+
+    def __init__(self, rows: torch.Tensor, bias: torch.Tensor | None, cap: float) -> None:
+        super().__init__(rows, bias)
+        self.cap = cap
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = hidden.to(torch.float32) @ self.rows.T
+        if self.bias is not None:
+            logits = logits + self.bias
+        logits = torch.tanh(logits / self.cap) * self.cap
+        if logits.shape[-1] == 2:
+            return logits[..., 1:2] - logits[..., 0:1]
+        return logits
+
+
+def token_score_head(
+    weight: torch.Tensor, bias: torch.Tensor | None, token_ids: tuple[int, ...], softcap: float | None
+) -> TokenLogitScore:
+    """The rows of `token_ids` of an LM head `weight` (and `bias`) as a score head; `softcap`: the config's
+    `final_logit_softcapping` (None: the logits as they are)."""
+    index = torch.tensor(token_ids, dtype=torch.long, device=weight.device)
+    rows = weight.index_select(0, index)
+    picked = None if bias is None else bias.index_select(0, index)
+    return TokenLogitScore(rows, picked) if softcap is None else CappedTokenLogitScore(rows, picked, float(softcap))
+
+
 def lm_score_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
     """The score tokens' rows of a causal LM's `lm_head` (float32), as a `[n, hidden] -> [n, 1]` module."""
     lm_head = model.get_output_embeddings()
@@ -32,9 +61,8 @@ def lm_score_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
     bias = getattr(lm_head, "bias", None)
     if callable(bias):
         bias = bias()
-    index = torch.tensor(spec.score_token_ids, dtype=torch.long, device=weight.device)
-    rows = weight.index_select(0, index)
-    return TokenLogitScore(rows, None if bias is None else bias.index_select(0, index))
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    return token_score_head(weight, bias, spec.score_token_ids, softcap)
 
 
 def mlm_head(model: nn.Module, spec: ModelSpec) -> nn.Module:

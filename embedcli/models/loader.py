@@ -351,6 +351,17 @@ class LoadedModel:
         finally:
             self.dtype, self.autocast, self.weight_dtype, self.backbone = saved
 
+    @property
+    def causal(self) -> bool:
+        """Whether attention is causal (what chunked prefill needs): the registry's plan for the checkpoint."""
+        return self.plan.causal
+
+    @property
+    def can_slice(self) -> bool:
+        """Whether a sequence over the token budget may run in chunked-prefill slices: causal attention on an own
+        backbone (whose KV-cache attention keeps its windows and caps); the fallback runs such a sequence whole."""
+        return self.plan.causal and self.own_backbone
+
     # -- running -----------------------------------------------------------------------------------
     def position_ids(self, lengths: list[int]) -> torch.Tensor:
         """Positions restarting at each sequence (plus the fairseq padding offset where the model has one)."""

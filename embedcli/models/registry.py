@@ -29,6 +29,7 @@ HEADS = ("base", "sequence_classification", "token_classification", "lm_score", 
 # What an own backbone serves unless its entry says otherwise: the LM-head families (yes/no rerankers, SPLADE)
 # keep transformers' modules, whose LM heads they slice.
 OWN_HEADS = frozenset({"base", "sequence_classification", "token_classification"})
+LM_HEADS = frozenset({"base", "sequence_classification", "lm_score"})
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,86 @@ MODERNBERT_KEYS = (
 )
 
 
+_GEMMA_ROPE_TYPES = frozenset({"default", "linear"})
+
+
+def _gemma_layer_types(value: Any, config: Config) -> bool:
+    if value is None:
+        return True
+    layers = int(config.get("num_hidden_layers") or 0)
+    return len(value) == layers and all(t in ("sliding_attention", "full_attention") for t in value)
+
+
+def _gemma_window(_value: Any, config: Config) -> bool:
+    """An absent window is transformers' default (4096); an explicit null beside sliding layers is undefined."""
+    explicit_null = "sliding_window" in config and config["sliding_window"] is None
+    return not (explicit_null and "sliding_attention" in (config.get("layer_types") or ["sliding_attention"]))
+
+
+def _rope_kind_ok(params: Any) -> bool:
+    return isinstance(params, Mapping) and params.get("rope_type", params.get("type", "default")) in _GEMMA_ROPE_TYPES \
+        and "partial_rotary_factor" not in params
+
+
+def _gemma3_rope(value: Any, config: Config) -> bool:
+    """Nested per layer type (default or linear), not beside a legacy rope_scaling."""
+    if value is None:
+        return True
+    if config.get("rope_scaling") is not None or not isinstance(value, Mapping):
+        return False
+    return set(value) <= {"sliding_attention", "full_attention"} and all(_rope_kind_ok(v) for v in value.values())
+
+
+def _gemma_legacy_scaling(value: Any, _config: Config) -> bool:
+    return value is None or (_rope_kind_ok(value) and "rope_type" in value)
+
+
+def _flat_rope(value: Any, _config: Config) -> bool:
+    return value is None or _rope_kind_ok(value)
+
+
+def _positive_or_none(value: Any, _config: Config) -> bool:
+    return value is None or float(value) > 0
+
+
+GEMMA_KEYS = (
+    ConfigKey("head_dim", 256, any_value, "per-head width"),
+    ConfigKey("rms_norm_eps", 1e-6, any_value, "RMSNorm epsilon (x * (1 + w))"),
+    ConfigKey("attention_bias", False, any_value, "q/k/v/o biases"),
+    ConfigKey("num_key_value_heads", None, any_value, "grouped-query attention"),
+    ConfigKey("hidden_activation", "gelu_pytorch_tanh", _activation, "the MLP activation"),
+    ConfigKey("query_pre_attn_scalar", 256, any_value, "the attention score scale"),
+    ConfigKey("final_logit_softcapping", None, _positive_or_none, "tanh cap of the LM-head logits"),
+    ConfigKey("rope_theta", 10000.0, any_value, "RoPE base"),
+)
+GEMMA3_KEYS = (
+    *GEMMA_KEYS,
+    ConfigKey("use_bidirectional_attention", False, any_value, "bidirectional attention (EmbeddingGemma)"),
+    ConfigKey("sliding_window", 4096, _gemma_window, "the local layers' window"),
+    ConfigKey("layer_types", None, _gemma_layer_types, "sliding or full attention per layer"),
+    ConfigKey("rope_parameters", None, _gemma3_rope, "RoPE per layer type"),
+    ConfigKey("rope_scaling", None, _gemma_legacy_scaling, "RoPE scaling of the full layers (older name)"),
+    ConfigKey("rope_local_base_freq", 10000.0, any_value, "RoPE base of the sliding layers (older name)"),
+    ConfigKey("attn_logit_softcapping", None, equals(None), "tanh cap of the attention scores (Gemma3 ignores it)"),
+)
+GEMMA2_KEYS = (
+    *GEMMA_KEYS,
+    ConfigKey("use_bidirectional_attention", False, falsy, "bidirectional attention"),
+    ConfigKey("sliding_window", 4096, _gemma_window, "the local layers' window"),
+    ConfigKey("layer_types", None, _gemma_layer_types, "sliding or full attention per layer"),
+    ConfigKey("rope_parameters", None, _flat_rope, "RoPE kind"),
+    ConfigKey("rope_scaling", None, _flat_rope, "RoPE scaling (older name)"),
+    ConfigKey("attn_logit_softcapping", 50.0, _positive_or_none, "tanh cap of the attention scores"),
+)
+GEMMA1_KEYS = (
+    *GEMMA_KEYS,
+    *(ConfigKey(k, None, falsy, "not in Gemma v1")
+      for k in ("use_bidirectional_attention", "attn_logit_softcapping", "final_logit_softcapping", "layer_types")),
+    ConfigKey("rope_parameters", None, _flat_rope, "RoPE kind"),
+    ConfigKey("rope_scaling", None, _flat_rope, "RoPE scaling (older name)"),
+)
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One architecture: its backbone, the heads that backbone serves, and the config keys that change numbers."""
@@ -324,8 +405,13 @@ def _entries() -> tuple[ModelEntry, ...]:
         ModelEntry("MT5EncoderModel", ("mt5",), None, base_class="MT5EncoderModel"),
         ModelEntry("UMT5EncoderModel", ("umt5",), None, base_class="UMT5EncoderModel"),
         ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True),
-        ModelEntry("GemmaModel", ("gemma", "gemma2", "gemma3_text"), None, decoder=True,
-                   bidirectional_key="use_bidirectional_attention"),
+        # Gemma: the own backbones serve the yes/no LM-head score too (final logit cap included).
+        ModelEntry("GemmaModel", ("gemma",), "embedcli.models.gemma:GemmaV1Model", heads=LM_HEADS, keys=GEMMA1_KEYS,
+                   decoder=True),
+        ModelEntry("Gemma2Model", ("gemma2",), "embedcli.models.gemma:Gemma2Model", heads=LM_HEADS, keys=GEMMA2_KEYS,
+                   decoder=True),
+        ModelEntry("Gemma3TextModel", ("gemma3_text",), "embedcli.models.gemma:Gemma3TextModel", heads=LM_HEADS,
+                   keys=GEMMA3_KEYS, decoder=True, bidirectional_key="use_bidirectional_attention"),
         ModelEntry("Phi3Model", ("phi3",), None, decoder=True),
         ModelEntry("OlmoModel", ("olmo", "olmo2"), None, decoder=True),
     )

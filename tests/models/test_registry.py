@@ -58,6 +58,13 @@ FLIPS: list[tuple[str, str, Any]] = [
     ("qwen2", "hidden_act", "mish"),
     ("qwen3", "rope_parameters", YARN),
     ("qwen3", "attention_bias", True),
+    ("gemma2", "attn_logit_softcapping", 2.0),
+    ("gemma2", "sliding_window", 4),
+    ("gemma3_text", "attn_logit_softcapping", 2.0),
+    ("gemma3_text", "sliding_window", 4),
+    ("gemma3_text", "use_bidirectional_attention", True),
+    ("modernbert", "local_attention", 8),
+    ("modernbert", "hidden_activation", "mish"),
 ]
 
 
@@ -66,7 +73,7 @@ def _build(model_type: str, folder: Path, key: str, value: Any) -> Path:
     import transformers as tf
 
     folder.mkdir(parents=True)
-    decoder = model_type in ("llama", "mistral", "qwen2", "qwen3")
+    decoder = model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
     vocab = write_tokenizer(folder, decoder=decoder)
     torch.manual_seed(11)
     kw: dict[str, Any] = {"vocab_size": vocab}
@@ -75,6 +82,9 @@ def _build(model_type: str, folder: Path, key: str, value: Any) -> Path:
                   dropout=0.0, attention_dropout=0.0, initializer_range=0.2)
     elif decoder:
         kw.update(DECODER_KW)
+    elif model_type == "modernbert":
+        kw.update(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                  max_position_embeddings=128, pad_token_id=PAD_ID, global_attn_every_n_layers=2, local_attention=16)
     else:
         kw.update(ENCODER_KW)
         if model_type in ("roberta", "xlm-roberta"):
