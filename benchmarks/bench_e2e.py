@@ -37,7 +37,7 @@ ST_SCRIPT = """
 import json, sys, numpy as np, torch
 torch.set_num_threads(int(sys.argv[3]))
 from sentence_transformers import SentenceTransformer
-from embedcli.models.resolve import resolve_model_path
+from embedcli.models.checkpoint.resolve import resolve_model_path
 texts = [json.loads(l)["text"] for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
 model = SentenceTransformer(str(resolve_model_path(None)), device="cpu")
 np.save(sys.argv[2], model.encode(texts, batch_size=32, convert_to_numpy=True))

@@ -63,7 +63,7 @@ GEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: n
 
 
 def _minilm_tokenizer(folder: Path) -> None:
-    from embedcli.models.resolve import resolve_model_path
+    from embedcli.models.checkpoint.resolve import resolve_model_path
 
     src = resolve_model_path(None)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):

@@ -81,8 +81,8 @@ def main() -> None:
     import transformers
 
     from embedcli.compute.runner import Runner, RunnerOptions
+    from embedcli.models.kernels.packing import flash_attn_available
     from embedcli.models.loader import LoadedModel, ModelOptions
-    from embedcli.models.packing import flash_attn_available
     from embedcli.models.spec import load_model_spec
     from embedcli.run.source import InputOptions
     from embedcli.tasks.common import ModelChoice, OutputOptions

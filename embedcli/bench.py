@@ -135,13 +135,13 @@ def model_flops_per_token(config: Any, mean_attended: float) -> float:
 def matmul_peak(config: Any, dtype: Any, tokens: int = 2048, repeats: int = 5) -> float:
     """FLOP/s this process reaches on the model's own linear shapes (the roofline's ceiling).
 
-    The best of torch's matmul and the own backbones' linear (`embedcli.models.gemm`: oneDNN on the CPU,
+    The best of torch's matmul and the own backbones' linear (`embedcli.models.kernels.gemm`: oneDNN on the CPU,
     where torch's float32 matmul takes MKL's slow path on non-Intel CPUs and would understate the ceiling).
     """
     import torch
     from torch import nn
 
-    from embedcli.models.gemm import linear
+    from embedcli.models.kernels.gemm import linear
 
     hidden = int(config.hidden_size)
     inter = int(getattr(config, "intermediate_size", 4 * hidden))

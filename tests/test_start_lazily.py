@@ -199,7 +199,7 @@ def test_known_activations_are_torch_module_classes() -> None:
 
     import torch
 
-    from embedcli.models.st_config import _KNOWN_ACTIVATIONS
+    from embedcli.models.checkpoint.st_config import _KNOWN_ACTIVATIONS
 
     for name in _KNOWN_ACTIVATIONS:
         module, _, cls = name.rpartition(".")

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedcli.models.kv_cache import PrefixSlice, SequenceKVCache
-from embedcli.models.packing import PackInfo
+from embedcli.models.kernels.kv_cache import PrefixSlice, SequenceKVCache
+from embedcli.models.kernels.packing import PackInfo
 from embedcli.pooling.metadata import PoolingMetadata, PoolingState
 from embedcli.pooling.params import PoolingParams
 from embedcli.pooling.poolers import Pooler

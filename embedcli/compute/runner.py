@@ -17,9 +17,9 @@ import torch
 from embedcli.compute.options import RunnerOptions, RunStats, TokenRows
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
-from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
+from embedcli.models.checkpoint.st_config import prompt_token_count
 from embedcli.models.loader import LoadedModel
-from embedcli.models.st_config import prompt_token_count
+from embedcli.models.tokenization.char_clip import clip_bound, clip_texts, unsafe_cuts
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 from embedcli.pooling.poolers import pool_empty
 
@@ -139,7 +139,7 @@ class Runner:
         prepared: list[Any] = [
             (self._prepare(t[0]), t[1]) if isinstance(t, tuple) else self._prepare(t) for t in texts
         ]
-        if mode == "truncate":  # cut huge texts by characters first; same tokens (embedcli.models.char_clip)
+        if mode == "truncate":  # cut huge texts by characters first; same tokens (embedcli.models.tokenization.char_clip)
             clipped, cut = clip_texts(prepared, self._clip_bound, self.options.truncation_side)
             encodings = tok.encode_batch(clipped)
             for i in unsafe_cuts(clipped, encodings, cut, self.options.truncation_side):

@@ -15,12 +15,13 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from embedcli.errors import ConfigRefusedError, UnsupportedCheckpoint, UsageError
-from embedcli.models.backbones import load_own_backbone
-from embedcli.models.decoder_tokenizer import load_decoder_tokenizer_json
-from embedcli.models.lm_heads import lm_pooler, lm_score_head, mlm_head
+from embedcli.models.backbones.build import load_own_backbone
+from embedcli.models.backbones.lm_heads import lm_pooler, lm_score_head, mlm_head
+from embedcli.models.backbones.padded import HIDDEN, SEQUENCE_LOGITS, TOKEN_LOGITS, PaddedBackbone
+from embedcli.models.checkpoint.remote_code import check_loadable
+from embedcli.models.checkpoint.weights_file import check_safetensors
+from embedcli.models.kernels.packing import PackInfo
 from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
-from embedcli.models.packing import PackInfo
-from embedcli.models.padded import HIDDEN, SEQUENCE_LOGITS, TOKEN_LOGITS, PaddedBackbone
 from embedcli.models.precision import (
     cpu_has_native_bf16,
     decide_auto_dtype,
@@ -28,10 +29,9 @@ from embedcli.models.precision import (
     task_for_head,
 )
 from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
-from embedcli.models.remote_code import check_loadable
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
-from embedcli.models.tokenizer import load_tokenizer_json
-from embedcli.models.weights_file import check_safetensors
+from embedcli.models.tokenization.decoder_tokenizer import load_decoder_tokenizer_json
+from embedcli.models.tokenization.tokenizer import load_tokenizer_json
 from embedcli.pooling import (
     DispatchPooler,
     Pooler,
@@ -46,7 +46,7 @@ from embedcli.pooling import (
 from embedcli.pooling.activations import load_st_activation, st_classifier_activation
 
 # Nothing downloads here: transformers only ever gets a resolved local folder and `local_files_only=True`.
-# (The environment is left alone: `embedcli.models.resolve` downloads a Hub id before loading, unless the
+# (The environment is left alone: `embedcli.models.checkpoint.resolve` downloads a Hub id before loading, unless the
 # user set HF_HUB_OFFLINE.)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -18,11 +18,11 @@ from embedcli.errors import ConfigRefusedError
 
 Config = Mapping[str, Any]
 
-# The activations the own backbones implement (`embedcli.models.layers.ACTIVATIONS`, checked by a test).
+# The activations the own backbones implement (`embedcli.models.backbones.layers.ACTIVATIONS`, checked by a test).
 OWN_ACTIVATIONS = frozenset(
     {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu", "swish", "tanh"}
 )
-# The own backbones' RoPE kinds (`embedcli.models.llama.rope_inv_freq`).
+# The own backbones' RoPE kinds (`embedcli.models.backbones.llama.rope_inv_freq`).
 OWN_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 
 HEADS = ("base", "sequence_classification", "token_classification", "lm_score", "sparse")
@@ -366,37 +366,37 @@ def _entries() -> tuple[ModelEntry, ...]:
         ConfigKey("mlp_bias", False, any_value, "MLP biases"),
     )
     return (
-        ModelEntry("BertModel", ("bert",), "embedcli.models.bert:BertModel", **bert_like),
+        ModelEntry("BertModel", ("bert",), "embedcli.models.backbones.bert:BertModel", **bert_like),
         ModelEntry(
-            "RobertaModel", ("roberta", "xlm-roberta", "camembert"), "embedcli.models.roberta:RobertaModel",
+            "RobertaModel", ("roberta", "xlm-roberta", "camembert"), "embedcli.models.backbones.roberta:RobertaModel",
             **roberta_like,
         ),
         ModelEntry(
-            "DistilBertModel", ("distilbert",), "embedcli.models.distilbert:DistilBertModel",
+            "DistilBertModel", ("distilbert",), "embedcli.models.backbones.distilbert:DistilBertModel",
             keys=(
                 ConfigKey("activation", "gelu", _activation, "the feed-forward activation"),
                 ConfigKey("sinusoidal_pos_embds", False, falsy, "fixed sinusoidal position embeddings"),
             ),
         ),
         ModelEntry(
-            "MPNetModel", ("mpnet",), "embedcli.models.mpnet:MPNetModel",
+            "MPNetModel", ("mpnet",), "embedcli.models.backbones.mpnet:MPNetModel",
             keys=(
                 ENCODER_ACT, EPS,
                 ConfigKey("relative_attention_num_buckets", 32, any_value, "relative position buckets"),
             ),
             position_offset=True,
         ),
-        ModelEntry("LlamaModel", ("llama", "mistral"), "embedcli.models.llama:LlamaModel",
+        ModelEntry("LlamaModel", ("llama", "mistral"), "embedcli.models.backbones.llama:LlamaModel",
                    **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
-        ModelEntry("Qwen2Model", ("qwen2",), "embedcli.models.qwen2:Qwen2Model", **decoder),
-        ModelEntry("Qwen3Model", ("qwen3",), "embedcli.models.qwen3:Qwen3Model",
+        ModelEntry("Qwen2Model", ("qwen2",), "embedcli.models.backbones.qwen2:Qwen2Model", **decoder),
+        ModelEntry("Qwen3Model", ("qwen3",), "embedcli.models.backbones.qwen3:Qwen3Model",
                    **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
-        ModelEntry("ModernBertModel", ("modernbert",), "embedcli.models.modernbert:ModernBertModel",
+        ModelEntry("ModernBertModel", ("modernbert",), "embedcli.models.backbones.modernbert:ModernBertModel",
                    keys=MODERNBERT_KEYS),
         # NomicBERT and GTE NewModel ship as remote code; vLLM and TEI run them natively, and so does embedcli.
-        ModelEntry("NomicBertModel", ("nomic_bert",), "embedcli.models.nomic_bert:NomicBertModel",
+        ModelEntry("NomicBertModel", ("nomic_bert",), "embedcli.models.backbones.nomic_bert:NomicBertModel",
                    heads=frozenset({"base"}), keys=NOMIC_KEYS, token_types=True, replaces_remote_code=True),
-        ModelEntry("NewModel", ("new",), "embedcli.models.gte:GteModel",
+        ModelEntry("NewModel", ("new",), "embedcli.models.backbones.gte:GteModel",
                    heads=frozenset({"base", "sequence_classification"}), keys=GTE_KEYS, token_types=True,
                    replaces_remote_code=True),
         # Families served by transformers' modules alone (padded batches): the exact fallback by name.
@@ -406,11 +406,11 @@ def _entries() -> tuple[ModelEntry, ...]:
         ModelEntry("UMT5EncoderModel", ("umt5",), None, base_class="UMT5EncoderModel"),
         ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True),
         # Gemma: the own backbones serve the yes/no LM-head score too (final logit cap included).
-        ModelEntry("GemmaModel", ("gemma",), "embedcli.models.gemma:GemmaV1Model", heads=LM_HEADS, keys=GEMMA1_KEYS,
+        ModelEntry("GemmaModel", ("gemma",), "embedcli.models.backbones.gemma:GemmaV1Model", heads=LM_HEADS, keys=GEMMA1_KEYS,
                    decoder=True),
-        ModelEntry("Gemma2Model", ("gemma2",), "embedcli.models.gemma:Gemma2Model", heads=LM_HEADS, keys=GEMMA2_KEYS,
+        ModelEntry("Gemma2Model", ("gemma2",), "embedcli.models.backbones.gemma:Gemma2Model", heads=LM_HEADS, keys=GEMMA2_KEYS,
                    decoder=True),
-        ModelEntry("Gemma3TextModel", ("gemma3_text",), "embedcli.models.gemma:Gemma3TextModel", heads=LM_HEADS,
+        ModelEntry("Gemma3TextModel", ("gemma3_text",), "embedcli.models.backbones.gemma:Gemma3TextModel", heads=LM_HEADS,
                    keys=GEMMA3_KEYS, decoder=True, bidirectional_key="use_bidirectional_attention"),
         ModelEntry("Phi3Model", ("phi3",), None, decoder=True),
         ModelEntry("OlmoModel", ("olmo", "olmo2"), None, decoder=True),

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
-from embedcli.models.families import FAMILY_FIELDS, read_reranker, read_splade
-from embedcli.models.llm_reranker import RerankerFlags, score_formula
-from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
-from embedcli.models.remote_code import check_loadable
-from embedcli.models.resolve import DEFAULT_MODEL, resolve_model_path
-from embedcli.models.st_config import (
+from embedcli.models.checkpoint.families import FAMILY_FIELDS, read_reranker, read_splade
+from embedcli.models.checkpoint.remote_code import check_loadable
+from embedcli.models.checkpoint.resolve import DEFAULT_MODEL, resolve_model_path
+from embedcli.models.checkpoint.st_config import (
     MODE_TYPES,
     ST_CONFIG,
     ST_TYPES,
@@ -28,7 +26,9 @@ from embedcli.models.st_config import (
     refuse_modular_cross_encoder,
     refuse_non_transformer,
 )
-from embedcli.models.weights_file import check_safetensors
+from embedcli.models.checkpoint.weights_file import check_safetensors
+from embedcli.models.llm_reranker import RerankerFlags, score_formula
+from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
 
 # How the model runs (own backbone or the fallback) changes the last bits, not what a resumed run must match.
 _HOW_IT_RUNS = ("backbone", "backbone_reason", "registry_entry", "packing", "causal", "position_offset")

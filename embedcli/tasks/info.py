@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from embedcli.compute.choice import commands_for
+from embedcli.models.checkpoint.st_config import model_choices
 from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.precision import auto_dtype_summary
 from embedcli.models.spec import load_model_spec
-from embedcli.models.st_config import model_choices
 
 
 def model_info(

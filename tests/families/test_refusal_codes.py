@@ -15,7 +15,7 @@ from embedcli.errors import (
     ModelConfigError,
     UnsupportedCheckpoint,
 )
-from embedcli.models.families import read_reranker, read_splade
+from embedcli.models.checkpoint.families import read_reranker, read_splade
 from embedcli.models.llm_reranker import RerankerFlags
 from tests.fixtures.tiny_models import write_tokenizer
 
@@ -64,7 +64,7 @@ def test_inconsistent_or_missing_files_stay_exit_1(folder: Path, tmp_path: Path)
 
 
 def test_unsupported_checkpoint_lives_in_errors() -> None:
-    from embedcli.models import layers
+    from embedcli.models.backbones import layers
 
     assert layers.UnsupportedCheckpoint is UnsupportedCheckpoint
     assert issubclass(UnsupportedCheckpoint, ValueError)

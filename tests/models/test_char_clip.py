@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from embedcli.models.char_clip import clip_bound, clip_texts, unsafe_cuts
+from embedcli.models.tokenization.char_clip import clip_bound, clip_texts, unsafe_cuts
 
 WORDS = "the quick brown fox jumps over a lazy dog naïve café 東京 emoji 😀 punctuation, ok! x".split()
 

@@ -12,9 +12,9 @@ import torch
 
 from embedcli.compute.prefill import plan_forwards, slice_bounds
 from embedcli.compute.runner import Encoded, Runner, RunnerOptions
-from embedcli.models.kv_cache import PrefixSlice, SequenceKVCache, prefix_causal_mask
+from embedcli.models.kernels.kv_cache import PrefixSlice, SequenceKVCache, prefix_causal_mask
+from embedcli.models.kernels.packing import PackInfo, packed_attention
 from embedcli.models.loader import LoadedModel, ModelOptions
-from embedcli.models.packing import PackInfo, packed_attention
 from embedcli.models.spec import load_model_spec
 
 DOC_TOKENS = 4000

@@ -13,7 +13,7 @@ import pytest
 from embedcli.errors import ModelConfigError
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
-from embedcli.models.tokenizer import SpecialTokens
+from embedcli.models.tokenization.tokenizer import SpecialTokens
 from tests.fixtures.tiny_models import DECODERS, copy_model, edit_json
 
 TEXTS = (

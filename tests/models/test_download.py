@@ -214,7 +214,7 @@ def test_unknown_repo_and_revision_are_one_line_errors(hub, tmp_path):
 
 
 def test_selection_rules() -> None:
-    from embedcli.models.download import select_files
+    from embedcli.models.checkpoint.download import select_files
 
     files = ["config.json", "model.safetensors", "pytorch_model.bin", "onnx/model.onnx", "2_Dense/pytorch_model.bin",
              "2_Dense/config.json", "openvino/x.xml", "tokenizer.json"]

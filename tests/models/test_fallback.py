@@ -216,7 +216,7 @@ def test_info_says_what_runs_the_model(tiny_model, tmp_path: Path) -> None:  # t
     own = CliRunner().invoke(app, ["info", str(tiny_model("bert")), "--json"])
     assert own.exit_code == 0, own.output
     data = json.loads(own.stdout)
-    assert data["runs_on"] == "own backbone embedcli.models.bert:BertModel [registry entry: BertModel]"
+    assert data["runs_on"] == "own backbone embedcli.models.backbones.bert:BertModel [registry entry: BertModel]"
     assert data["packing_mode"].startswith("on")
     t5 = _t5_sentence_encoder(tmp_path / "st5")
     fallback = CliRunner().invoke(app, ["info", str(t5)])

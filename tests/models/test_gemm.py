@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedcli.models import gemm
-from embedcli.models.gemm import gelu_tanh, linear
+from embedcli.models.kernels import gemm
+from embedcli.models.kernels.gemm import gelu_tanh, linear
 
 pytestmark = pytest.mark.skipif(not gemm.onednn_available(), reason="torch built without oneDNN")
 

@@ -20,9 +20,9 @@ import torch
 
 from embedcli.compute.runner import Runner, RunnerOptions
 from embedcli.errors import UnsupportedCheckpoint
-from embedcli.models.gemma import Gemma2Model, Gemma3TextModel, GemmaV1Model, layer_window
-from embedcli.models.layers import JsonConfig
-from embedcli.models.lm_heads import lm_score_head
+from embedcli.models.backbones.gemma import Gemma2Model, Gemma3TextModel, GemmaV1Model, layer_window
+from embedcli.models.backbones.layers import JsonConfig
+from embedcli.models.backbones.lm_heads import lm_score_head
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.spec import load_model_spec
 from tests.fixtures.gemma import (

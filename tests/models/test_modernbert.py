@@ -128,7 +128,7 @@ def test_window_and_thetas_are_read(models, tmp_path) -> None:
 
 def test_own_backbone_is_used(models) -> None:
     loaded = _load(models("hub-keys"), "auto")
-    assert loaded.own_backbone and type(loaded.backbone).__module__ == "embedcli.models.modernbert"
+    assert loaded.own_backbone and type(loaded.backbone).__module__ == "embedcli.models.backbones.modernbert"
     assert loaded.spec.model_type == "modernbert" and loaded.position_ids([3, 2]).tolist() == [0, 1, 2, 0, 1]
 
 

@@ -296,7 +296,7 @@ def test_own_backbone_serves_without_remote_code(family: str, variant: str, root
     assert json.loads((folder / "config.json").read_text())["auto_map"]
     loaded = _load(folder, "auto")  # no --trust-remote-code
     assert loaded.own_backbone
-    assert type(loaded.backbone).__module__ in ("embedcli.models.nomic_bert", "embedcli.models.gte")
+    assert type(loaded.backbone).__module__ in ("embedcli.models.backbones.nomic_bert", "embedcli.models.backbones.gte")
 
 
 @pytest.mark.parametrize(("family", "variant"), CASES)

@@ -1,4 +1,4 @@
-"""embedcli's own packed backbones (models/bert.py ... qwen3.py) against transformers.
+"""embedcli's own packed backbones (models/backbones/bert.py ... qwen3.py) against transformers.
 
 The reference is transformers' own eager forward of each sequence alone; ours runs packed under three
 token budgets. Heads are checked against the transformers-module path of the same loader.

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedcli.models import packing
-from embedcli.models.layers import varlen_attention
-from embedcli.models.packing import (
+from embedcli.models.backbones.layers import varlen_attention
+from embedcli.models.kernels import packing
+from embedcli.models.kernels.packing import (
     GROUP_LENGTH_RATIO,
     PackInfo,
     attend,

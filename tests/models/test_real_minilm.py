@@ -96,8 +96,8 @@ def test_corpus_mix(minilm, texts) -> None:
 def test_spec_of_packaged_model(minilm) -> None:
     spec = minilm.spec
     assert (spec.model_type, spec.seq_pooling_type, spec.normalize, spec.max_length) == ("bert", "MEAN", True, 256)
-    # The parity below is that of embedcli's own BERT (models/bert.py), not of transformers' modules.
-    assert minilm.own_backbone and type(minilm.backbone).__module__ == "embedcli.models.bert"
+    # The parity below is that of embedcli's own BERT (models/backbones/bert.py), not of transformers' modules.
+    assert minilm.own_backbone and type(minilm.backbone).__module__ == "embedcli.models.backbones.bert"
 
 
 def test_parity_with_sentence_transformers(embeddings, texts) -> None:

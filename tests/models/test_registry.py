@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from embedcli.models import layers, registry
+from embedcli.models import registry
+from embedcli.models.backbones import layers
 from embedcli.models.loader import LoadedModel, ModelOptions
 from embedcli.models.registry import REGISTRY, plan_backbone
 from embedcli.models.spec import load_model_spec
@@ -143,7 +144,7 @@ def test_declared_activations_are_the_implemented_ones() -> None:
 
 
 def test_every_own_entry_names_an_importable_backbone() -> None:
-    from embedcli.models.backbones import backbone_class
+    from embedcli.models.backbones.build import backbone_class
 
     for entry in set(REGISTRY.values()):
         if entry.backbone is not None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from embedcli.models.checkpoint.resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model_path
 from embedcli.models.loader import LoadedModel, ModelOptions
-from embedcli.models.resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model_path
 from embedcli.models.spec import ConfigRefusedError, ModelConfigError, load_model_spec
 from tests.fixtures.tiny_models import (
     build_legacy_st_model,

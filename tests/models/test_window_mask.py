@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embedcli.models import packing
-from embedcli.models.layers import varlen_attention
-from embedcli.models.packing import (
+from embedcli.models.backbones.layers import varlen_attention
+from embedcli.models.kernels import packing
+from embedcli.models.kernels.packing import (
     PackInfo,
     banded,
     packed_attention,

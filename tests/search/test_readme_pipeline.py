@@ -121,7 +121,7 @@ def test_search_stage_takes_semantic_search_top_k_of_the_stored_vectors(pipeline
     from sentence_transformers import SentenceTransformer, util
 
     from embedcli.io.writers import embedding_matrix
-    from embedcli.models.resolve import resolve_model_path
+    from embedcli.models.checkpoint.resolve import resolve_model_path
 
     stored = embedding_matrix(pq.read_table(pipeline / "vectors.parquet").column("embedding"))
     ids = pq.read_table(pipeline / "vectors.parquet").column("id").to_pylist()

@@ -66,7 +66,7 @@ def st_headlines(bbc):  # type: ignore[no-untyped-def]
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedcli.models.resolve import resolve_model_path
+    from embedcli.models.checkpoint.resolve import resolve_model_path
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)

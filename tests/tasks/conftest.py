@@ -39,7 +39,7 @@ def two_threads() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """The packaged all-MiniLM-L6-v2 folder."""
-    from embedcli.models.resolve import resolve_model_path
+    from embedcli.models.checkpoint.resolve import resolve_model_path
 
     return Path(resolve_model_path(None))
 

@@ -13,9 +13,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from embedcli.models.bert import BertModel
-from embedcli.models.layers import JsonConfig, Weights
-from embedcli.models.packing import PackInfo
+from embedcli.models.backbones.bert import BertModel
+from embedcli.models.backbones.layers import JsonConfig, Weights
+from embedcli.models.kernels.packing import PackInfo
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from embedcli.models.bert import BertModel
+from embedcli.models.backbones.bert import BertModel
 
 
 class RobertaModel(BertModel):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from embedcli.models.packing import PackInfo, packed_attention
+from embedcli.models.kernels.packing import PackInfo, packed_attention
 
 QUERY_BLOCK = 512
 

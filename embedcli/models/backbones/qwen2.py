@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from embedcli.models.layers import JsonConfig
-from embedcli.models.llama import LlamaModel
+from embedcli.models.backbones.layers import JsonConfig
+from embedcli.models.backbones.llama import LlamaModel
 
 
 class Qwen2Model(LlamaModel):

@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embedcli.models.layers import (
+from embedcli.models.backbones.layers import (
     JsonConfig,
     UnsupportedCheckpoint,
     Weights,
     load_state_dict,
     skip_init_weights,
 )
-from embedcli.models.lm_heads import token_score_head
+from embedcli.models.backbones.lm_heads import token_score_head
 from embedcli.models.spec import ModelSpec
 
 
@@ -46,7 +46,7 @@ def _classifier(spec: ModelSpec, weights: Weights, model: nn.Module, config: Jso
         softcap = getattr(model, "final_logit_softcap", config.get("final_logit_softcapping"))
         return token_score_head(lm_head_weight(weights), None, spec.score_token_ids, softcap)
     if spec.model_type == "modernbert":
-        from embedcli.models.modernbert import classifier_head
+        from embedcli.models.backbones.modernbert import classifier_head
 
         return classifier_head(config, weights)
     if spec.head == "token_classification":

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from embedcli.models.gemm import linear
-from embedcli.models.packing import PackInfo, packed_attention
-from embedcli.models.rope import apply_rope
+from embedcli.models.backbones.rope import apply_rope
+from embedcli.models.kernels.gemm import linear
+from embedcli.models.kernels.packing import PackInfo, packed_attention
 
 
 class RopeEncoderLayer(nn.Module):

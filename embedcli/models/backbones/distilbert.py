@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from embedcli.models.bert import BertModel
-from embedcli.models.layers import JsonConfig, UnsupportedCheckpoint
+from embedcli.models.backbones.bert import BertModel
+from embedcli.models.backbones.layers import JsonConfig, UnsupportedCheckpoint
 
 # transformers' DistilBERT hard-codes its LayerNorm eps instead of reading the config.
 LAYER_NORM_EPS = 1e-12

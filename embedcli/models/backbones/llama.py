@@ -3,7 +3,7 @@
 Pre-norm decoder layers (RMSNorm), fused QKV and gate/up projections, RoPE (default, linear and llama3
 scaling, as transformers' `modeling_rope_utils` computes them), grouped-query causal attention confined
 to each sequence. A forward may end with one slice of a long sequence attending to its KV cache
-(chunked prefill, `embedcli.models.kv_cache.PrefixSlice`).
+(chunked prefill, `embedcli.models.kernels.kv_cache.PrefixSlice`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from embedcli.models.gemm import linear
-from embedcli.models.kv_cache import PrefixSlice
-from embedcli.models.layers import (
+from embedcli.models.backbones.layers import (
     JsonConfig,
     UnsupportedCheckpoint,
     Weights,
@@ -24,7 +22,9 @@ from embedcli.models.layers import (
     copy_linear,
     copy_norm,
 )
-from embedcli.models.packing import PackInfo, packed_attention
+from embedcli.models.kernels.gemm import linear
+from embedcli.models.kernels.kv_cache import PrefixSlice
+from embedcli.models.kernels.packing import PackInfo, packed_attention
 
 
 class RMSNorm(nn.Module):

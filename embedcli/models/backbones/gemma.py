@@ -21,9 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedcli.models.gemm import linear
-from embedcli.models.kv_cache import QUERY_BLOCK, PrefixSlice
-from embedcli.models.layers import (
+from embedcli.models.backbones.layers import (
     JsonConfig,
     UnsupportedCheckpoint,
     Weights,
@@ -31,8 +29,10 @@ from embedcli.models.layers import (
     copy_linear,
     copy_norm,
 )
-from embedcli.models.llama import rope_inv_freq, rotate
-from embedcli.models.packing import PackInfo, Window, packed_attention
+from embedcli.models.backbones.llama import rope_inv_freq, rotate
+from embedcli.models.kernels.gemm import linear
+from embedcli.models.kernels.kv_cache import QUERY_BLOCK, PrefixSlice
+from embedcli.models.kernels.packing import PackInfo, Window, packed_attention
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' defaults where config.json omits a key (Gemma2Config / Gemma3TextConfig).

@@ -14,7 +14,7 @@ from typing import ClassVar, cast
 import torch
 from torch import nn
 
-from embedcli.models.layers import (
+from embedcli.models.backbones.layers import (
     JsonConfig,
     UnsupportedCheckpoint,
     Weights,
@@ -22,10 +22,10 @@ from embedcli.models.layers import (
     copy_linear,
     copy_norm,
 )
-from embedcli.models.llama import RMSNorm
-from embedcli.models.packing import PackInfo
-from embedcli.models.rope import default_inv_freq, rope_tables
-from embedcli.models.rope_encoder import RopeEncoderLayer
+from embedcli.models.backbones.llama import RMSNorm
+from embedcli.models.backbones.rope import default_inv_freq, rope_tables
+from embedcli.models.backbones.rope_encoder import RopeEncoderLayer
+from embedcli.models.kernels.packing import PackInfo
 
 LAYER_NORM_TYPES = ("layer_norm", "rms_norm")
 

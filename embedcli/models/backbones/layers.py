@@ -20,8 +20,8 @@ from torch import nn
 
 # UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
 from embedcli.errors import UnsupportedCheckpoint
-from embedcli.models.gemm import gelu_tanh, linear
-from embedcli.models.packing import (
+from embedcli.models.kernels.gemm import gelu_tanh, linear
+from embedcli.models.kernels.packing import (
     PackInfo,
     Window,
     flash_attn_available,

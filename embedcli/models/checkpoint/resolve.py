@@ -1,6 +1,6 @@
 """Turn `-m/--model` into a local folder, offline first: a path, the local Hugging Face cache, a package that
 ships it; only then, for a Hub id (`org/model`, optionally `org/model@revision`) and unless `HF_HUB_OFFLINE`
-is set, a download into the standard cache (`embedcli.models.download`)."""
+is set, a download into the standard cache (`embedcli.models.checkpoint.download`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from embedcli.errors import ModelNotFoundError
-from embedcli.models.download import (
+from embedcli.models.checkpoint.download import (
     cached_snapshot,
     download_model,
     hub_disabled,

@@ -14,8 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from embedcli.models.gemm import linear
-from embedcli.models.layers import (
+from embedcli.models.backbones.layers import (
     JsonConfig,
     UnsupportedCheckpoint,
     Weights,
@@ -24,8 +23,9 @@ from embedcli.models.layers import (
     copy_norm,
     varlen_attention,
 )
-from embedcli.models.llama import rotate
-from embedcli.models.packing import PackInfo, Window
+from embedcli.models.backbones.llama import rotate
+from embedcli.models.kernels.gemm import linear
+from embedcli.models.kernels.packing import PackInfo, Window
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 # transformers' ModernBertConfig: theta per layer type, and the older flat keys that set them.

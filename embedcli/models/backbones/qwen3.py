@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from embedcli.models.llama import LlamaModel
+from embedcli.models.backbones.llama import LlamaModel
 
 
 class Qwen3Model(LlamaModel):

@@ -9,8 +9,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
+from embedcli.models.checkpoint.st_config import read_json
 from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template
-from embedcli.models.st_config import read_json
 
 # Fields of these heads; left out of the config hash while unset, so every other model keeps its hash.
 FAMILY_FIELDS = (

@@ -11,8 +11,14 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from embedcli.models.layers import EncoderLayer, JsonConfig, UnsupportedCheckpoint, Weights, copy_norm
-from embedcli.models.packing import PackInfo
+from embedcli.models.backbones.layers import (
+    EncoderLayer,
+    JsonConfig,
+    UnsupportedCheckpoint,
+    Weights,
+    copy_norm,
+)
+from embedcli.models.kernels.packing import PackInfo
 
 
 class BertModel(nn.Module):

@@ -22,7 +22,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from embedcli.models.tokenizer import SPECIAL_NAMES, SpecialTokens, read_json, token_content
+from embedcli.models.tokenization.tokenizer import SPECIAL_NAMES, SpecialTokens, read_json, token_content
 
 BACKEND_DECODER_TYPES = frozenset({"llama", "mistral", "qwen3"})
 """Families whose declared TokenizersBackend transformers 5 keeps. qwen2 is not one: transformers lists it in

@@ -17,11 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedcli.models.layers import JsonConfig, UnsupportedCheckpoint, Weights, copy_linear, copy_norm
-from embedcli.models.packing import PackInfo
+from embedcli.models.backbones.layers import (
+    JsonConfig,
+    UnsupportedCheckpoint,
+    Weights,
+    copy_linear,
+    copy_norm,
+)
+from embedcli.models.backbones.rope import default_inv_freq, rope_tables
+from embedcli.models.backbones.rope_encoder import RopeEncoderLayer
+from embedcli.models.kernels.packing import PackInfo
 from embedcli.models.registry import nomic_intermediate, nomic_native_mismatch
-from embedcli.models.rope import default_inv_freq, rope_tables
-from embedcli.models.rope_encoder import RopeEncoderLayer
 
 # The remote code's gated activations: `glu` is F.glu (up * sigmoid(gate)), `geglu` the exact erf GELU.
 GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

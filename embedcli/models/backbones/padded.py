@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embedcli.models.packing import PackInfo, length_groups
+from embedcli.models.kernels.packing import PackInfo, length_groups
 
 HIDDEN, TOKEN_LOGITS, SEQUENCE_LOGITS = "hidden", "token_logits", "sequence_logits"
 

@@ -1,0 +1,1 @@
+"""Reading a checkpoint folder: resolve and download, sentence-transformers config, weights files, remote code."""

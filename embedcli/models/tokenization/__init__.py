@@ -1,0 +1,1 @@
+"""Tokenizers: encoder tokenizer.json, the decoder mirror of transformers' rebuilds, char clipping."""
