@@ -42,6 +42,7 @@ from embedcli.io.shards import (
     remove_tmp_files,
 )
 from embedcli.run.incremental import describe_config_change
+from embedcli.run.paths import check_foreign_file
 
 if TYPE_CHECKING:  # the pipeline drives this module and is passed in; no import at run time
     from embedcli.run.loop import Pipeline
@@ -98,6 +99,8 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
             p.note(f"{target.path} was made from other inputs ({why}): computing every row "
                    "(--incremental would carry unchanged rows over)")
         return False
+    if existing is None and target.mode == "file" and not overwrite and Manifest.load(staging_dir(target.path)) is None:
+        check_foreign_file(target.path)  # a kill between a first JSONL commit's two renames left staging behind
     if existing is None and target.mode == "dir" and os.path.isdir(target.path):
         if os.listdir(target.path) and not overwrite:
             raise UsageError(

@@ -33,6 +33,7 @@ from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
+from embedcli.run.paths import check_foreign_file
 from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
 from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
@@ -177,6 +178,8 @@ def _finished_quantized(job: Job) -> int | None:
     """Exit code when the output already holds this job's complete result; UsageError if made otherwise."""
     source, target = job.source, job.target
     existing = output_metadata(target.path, target.fmt)
+    if existing is None and not job.flags.overwrite and not os.path.exists(os.path.abspath(target.path) + SPOOL_SUFFIX):
+        check_foreign_file(target.path)  # with its spool beside it, a kill cut the last commit's renames
     if existing is None or job.flags.overwrite or not isinstance(source, BatchSource):
         return None
     cfg = config_key(job.provenance, source.options(), "parquet")
