@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import select
 import sys
@@ -82,6 +83,7 @@ class ReadSpec:
     batch_chars: int | None = None  # a batch also ends at the row whose text brings it to this many characters
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
     id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
+    null_kept: set[str] = field(default_factory=set)  # kept columns whose first batch was all null (text columns)
 
     def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:
         """Fix the run's id type to a whole input's `t` (InputError when an earlier input's differs)."""
@@ -231,9 +233,16 @@ class BatchBuilder:
         field_name = f"id field {self.spec.id_col!r}"
         self.spec.id_type = self._check_type(batch, values, self.spec.id_type, field_name, bad, shown=raw_ids)
         for col in self.spec.keep_cols:
+            if col in self.spec.null_kept:
+                # the first rows left it null, so the output holds it as text: a later value is its JSON text
+                batch.columns[col] = [v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                                      for v in batch.columns[col]]
             t = self._check_type(batch, batch.columns[col], self.spec.kept_types.get(col), f"kept field {col!r}", bad)
             if t is not None:
                 self.spec.kept_types[col] = t
+            elif col not in self.spec.kept_types:  # null so far: written as a string column (`kept_arrays`)
+                self.spec.kept_types[col] = pa.string()
+                self.spec.null_kept.add(col)
         if not bad:
             return batch
         keep = [j for j in range(len(batch)) if j not in bad]
