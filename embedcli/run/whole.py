@@ -145,8 +145,10 @@ class WholeOutput:
             )
             manifest.save(root)
             rows = sum(t.num_rows for t in tables)
+            # keyed as `inspect` reads it back (the saved manifest), so a kill after the last rename reads as published
+            saved = Manifest.load(root) or manifest
             meta = {**self.base_meta, **(extra or {}), KEY_ROWS: str(rows),
-                    KEY_OUTPUT: output_key_for(root, manifest), KEY_COMPLETE: "true"}
+                    KEY_OUTPUT: output_key_for(root, saved), KEY_COMPLETE: "true"}
             remove_tmp_files(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
             self._write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
             unlink_quiet(index_sidecar(path))  # an earlier output's row index does not describe this one
