@@ -18,8 +18,7 @@ def env(flag: str) -> str:
 def inputs_opt() -> Any:
     """The INPUTS argument."""
     return typer.Argument(
-        ..., help="Input files or globs (JSONL, Parquet, CSV/TSV, .txt; text formats also .gz, .bz2, .xz or .zst "
-        "compressed), or - for stdin.", show_default=False
+        ..., help="Input files or globs (JSONL, Parquet, CSV/TSV, .txt), or - for stdin.", show_default=False
     )
 
 

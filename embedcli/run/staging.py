@@ -20,6 +20,7 @@ from embedcli.io.manifest import (
     KEY_CONFIG,
     KEY_CONFIG_KEY,
     KEY_ERRORS,
+    KEY_INPUT_OPTIONS,
     KEY_INPUTS,
     KEY_JOB,
     KEY_MODEL,
@@ -67,12 +68,13 @@ def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: An
         shutil.rmtree(root, ignore_errors=True)
     skipped = int(existing.get(KEY_SKIPPED, "0") or 0)
     rows = existing.get(KEY_ROWS, "?")
-    p.note(f"{p.output.path} is already complete ({rows} rows, same inputs and config): nothing to do")
+    also = f"; {skipped} bad rows were skipped when it was made" if skipped else ""
+    p.note(f"{p.output.path} is already complete ({rows} rows, same inputs and config{also}): nothing to do")
     report = p.report
     report.records_done = report.resumed_records = int(existing.get("embedcli.input_records", "0") or 0)
     report.rows = int(rows) if str(rows).isdigit() else 0
     report.skipped = skipped
-    return EXIT_SKIPPED if skipped else EXIT_OK
+    return EXIT_OK  # README: 0 when the output was already complete, whatever its run skipped
 
 
 def _json_list(value: str | None) -> list[dict[str, Any]] | None:
@@ -110,11 +112,19 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     return False
 
 
+def _staged_meta(manifest: Manifest) -> dict[str, str]:
+    """The metadata of staged work as an output's: its config plus the input options the manifest keeps apart
+    (without them every refusal listed a false `input options: None → {...}`)."""
+    meta = dict(manifest.metadata or manifest.config)
+    meta.setdefault(KEY_INPUT_OPTIONS, json.dumps(manifest.input_options, sort_keys=True))
+    return meta
+
+
 def _refuse_other_config(root: str, manifest: Manifest, cfg_key: str, meta: dict[str, str]) -> None:
     if manifest.config_key != cfg_key:
         raise UsageError(
             f"{root} holds the work of an interrupted run with a different config "
-            f"({describe_config_change(manifest.metadata or manifest.config, meta)}); "
+            f"({describe_config_change(_staged_meta(manifest), meta)}); "
             "rerun that command to finish it, or pass --overwrite to discard it"
         )
 

@@ -15,13 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.compute.build import embed_recipe
-from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.errors import EXIT_OK, UsageError
 from embedcli.io.manifest import (
     KEY_COMPLETE,
     KEY_CONFIG_KEY,
     KEY_INPUT_OPTIONS,
     KEY_JOB,
-    KEY_SKIPPED,
     config_key,
     index_sidecar,
     job_key,
@@ -189,7 +188,7 @@ def _finished_quantized(job: Job) -> int | None:
     if existing.get(KEY_JOB) == job_key(cfg, source.fingerprints(source.paths())) and existing.get(KEY_COMPLETE) == "true":
         if not job.reporting.quiet:
             print(f"embedcli: {target.path} is already complete (same inputs and config): nothing to do", file=sys.stderr)
-        return EXIT_SKIPPED if int(existing.get(KEY_SKIPPED, "0") or 0) else EXIT_OK
+        return EXIT_OK  # README: 0 when the output was already complete, whatever its run skipped
     return None
 
 
