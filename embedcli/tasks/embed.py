@@ -33,7 +33,7 @@ from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
 from embedcli.run.paths import check_foreign_file
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
+from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
@@ -104,6 +104,7 @@ def run_embed(
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs))  # a missing column is said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,

@@ -28,6 +28,7 @@ from embedcli.run.report import RunReport, peak_rss_mb, write_stats
 from embedcli.run.source import (
     BatchSource,
     InputOptions,
+    check_head,
     empty_batch,
     id_column,
     id_type_of,
@@ -228,6 +229,7 @@ def run_score(
         source = BatchSource(replace(inputs, text_col=opts.right_col))
     else:
         source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
+    check_head(source)  # a missing column is said before the model loads
     codec = ScoreCodec(opts, tuple(inputs.keep_cols))
     query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
     model_options = recipe.model_options
