@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -111,7 +112,7 @@ def usable_rows(block: np.ndarray, valid: np.ndarray | None = None) -> np.ndarra
 def _int_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # float32 sums of integer products are exact below 2^24; past that (wide uint8 vectors) use float64.
     peak = 128 * 128 if a.dtype == np.int8 else 255 * 255
-    dtype = np.float32 if peak * a.shape[-1] <= 2**24 else np.float64
+    dtype: type[np.floating[Any]] = np.float32 if peak * a.shape[-1] <= 2**24 else np.float64
     return (a.astype(dtype) @ b.astype(dtype).T).astype(np.float64)
 
 
@@ -242,7 +243,7 @@ def parquet_vector_blocks(
             yield vector_block(batch.column(0))
 
 
-def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int = DEFAULT_BLOCK_ROWS):  # type: ignore[no-untyped-def]
+def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int = DEFAULT_BLOCK_ROWS) -> pa.Table:
     """A pyarrow table of `columns` for the given row numbers (in that order), read in one streamed pass."""
     wanted = np.unique(rows)
     pieces = []

@@ -385,12 +385,13 @@ def _dimensions(body: _Body, model: ServedModel, name: str = "dimensions") -> in
     return d
 
 
-def _encoding(body: _Body) -> dict[str, str]:
-    return {
-        "encoding_format": body.choice("encoding_format", ENCODING_FORMATS, "float"),
-        "embed_dtype": body.choice("embed_dtype", EMBED_DTYPES, "float32"),
-        "endianness": body.choice("endianness", ENDIANNESS, "native"),
-    }
+def _encoding(body: _Body) -> ResponseOptions:
+    """The response options of the encoding fields (`encoding_format`, `embed_dtype`, `endianness`)."""
+    return ResponseOptions(
+        encoding_format=body.choice("encoding_format", ENCODING_FORMATS, "float"),
+        embed_dtype=body.choice("embed_dtype", EMBED_DTYPES, "float32"),
+        endianness=body.choice("endianness", ENDIANNESS, "native"),
+    )
 
 
 def _check_special_tokens(body: _Body) -> None:
@@ -411,7 +412,7 @@ def _sparse_units(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Re
                          "SPLADE vectors are not normalized; send false or leave it out")
     _dimensions(body, model)  # a SPLADE model has no Matryoshka sizes: a bad line
     params = UnitParams(None, None, tokens, side)
-    return tuple(Unit(SPARSE_TASK, x, params) for x in inputs), ResponseOptions(**_encoding(body))
+    return tuple(Unit(SPARSE_TASK, x, params) for x in inputs), _encoding(body)
 
 
 def _embeddings(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
@@ -422,7 +423,7 @@ def _embeddings(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Resp
     _check_special_tokens(body)
     tokens, side = _truncation(body, model)
     params = UnitParams(_use_activation(body, "normalize"), _dimensions(body, model), tokens, side)
-    return tuple(Unit("embed", x, params) for x in inputs), ResponseOptions(**_encoding(body))
+    return tuple(Unit("embed", x, params) for x in inputs), _encoding(body)
 
 
 def _cohere_embed(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
@@ -553,7 +554,7 @@ def _pooling(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Respons
         raise BadRequest("body.dimensions", f"Task {task!r} does not take dimensions; it takes use_activation")
     dimensions = _dimensions(body, model)
     params = UnitParams(_use_activation(body, "normalize"), dimensions, tokens, side)
-    return tuple(Unit(task, x, params) for x in inputs), ResponseOptions(**_encoding(body))
+    return tuple(Unit(task, x, params) for x in inputs), _encoding(body)
 
 
 _ROUTE_PARSERS = {

@@ -76,7 +76,7 @@ def _any_record_has(path: str, key: str) -> bool:
     pattern = re.compile(b'"' + re.escape(json.dumps(key)[1:-1].encode()) + rb'"\s*:')
     with open_binary(path) as f:
         for _, raw in numbered_lines(f, path):
-            if pattern.search(raw):
+            if raw is not None and pattern.search(raw):
                 try:
                     rec = parse_json_line(raw.decode("utf-8", "replace"))
                 except BadJsonLine:

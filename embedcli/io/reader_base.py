@@ -333,7 +333,7 @@ class _RawStream(io.RawIOBase):
         super().close()
 
 
-def open_binary(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+def open_binary(path: str) -> contextlib.AbstractContextManager[Any]:
     """The decompressed bytes of an input (stdin as is)."""
     if path == STDIN:
         return contextlib.nullcontext(sys.stdin.buffer)

@@ -131,7 +131,7 @@ class ShardStore:
         self._errors: list[dict[str, Any]] = []
         os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
         first = next((s for s in manifest.shards if s.file), None)
-        if first is not None:
+        if first is not None and first.file is not None:
             schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
             self.schema = pa.schema([f.with_type(arrow_child_names(f.type)) for f in schema])
 

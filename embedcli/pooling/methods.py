@@ -227,7 +227,7 @@ class AllPool(TokenPoolingMethod):
         cursor = metadata.cursor
         pieces = list(torch.split(hidden_states[: cursor.num_tokens], cursor.num_scheduled_tokens.tolist()))
         if not cursor.is_partial_prefill() and metadata.pooling_states is None:
-            return pieces  # type: ignore[return-value]
+            return pieces  # type: ignore[return-value]  # whole sequences: a list of tensors is the token output
         states = metadata.pooling_states
         if states is None:
             raise RuntimeError("Chunked prefill with ALL pooling needs per-sequence pooling_states")

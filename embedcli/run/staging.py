@@ -224,7 +224,8 @@ def run_staged(p: Pipeline) -> int:
     try:
         existing = output_metadata(target.path, None if target.mode == "dir" else p.job.target.fmt)
         if _check_existing(p, existing):
-            return _already_complete(p, existing, root, lock)  # type: ignore[arg-type]
+            assert existing is not None  # complete means there is an output
+            return _already_complete(p, existing, root, lock)
         manifest, created_manifest = _resume_or_start(p, root)
         p.manifest = manifest
         store = p.store = ShardStore(root, manifest, p.meta, target.path)

@@ -185,7 +185,7 @@ def run_batch(
     default_task = next(t for t in _POOLING_TASKS if t in spec.tasks)
     base = RunnerOptions(
         task=default_task, max_batch_tokens=opts.max_batch_tokens, strip=False,
-        truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+        truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
     )
     runner = build(spec, choice, base, logit_mean=mean, logit_sigma=sigma)
     engine = unit_engine(runner, method, engine=flags.engine, address=flags.ray_address, workers=flags.workers,

@@ -218,8 +218,8 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
                         t = t.select(schema.names).cast(schema)
                     if "id" in t.column_names:
                         batch_ids = [str(i) for i in t.column("id").to_pylist()]
-                        rows = [f"row {written + j}" for j in range(len(batch_ids))]
-                        for j, _ in ids.add(output, batch_ids, rows)[: 5 - len(repeated)]:
+                        where = [f"row {written + j}" for j in range(len(batch_ids))]
+                        for j, _ in ids.add(output, batch_ids, where)[: 5 - len(repeated)]:
                             repeated.append(batch_ids[j])
                     writer.write(t)
                     written += t.num_rows

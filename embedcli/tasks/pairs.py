@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -138,7 +139,7 @@ def pair_recipe(spec: ModelSpec, choice: ModelChoice, opts: PairOptions, method:
         extra = {"logit_mean": mean, "logit_sigma": sigma, "activation": "none" if opts.raw_scores else None}
     options = RunnerOptions(
         task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
-        long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+        long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
     )
     return runner_recipe(spec, choice, options, **extra)
@@ -253,7 +254,8 @@ def read_queries(opts: QueryChoice, command: str = "rerank") -> list[tuple[str, 
         return [("query", opts.query)]
     out: list[tuple[str, str]] = []
     first: dict[str, str] = {}
-    for batch in read_inputs([opts.queries], text_col=opts.query_col, id_col=opts.query_id_col):  # type: ignore[list-item]
+    queries_file: str = opts.queries  # type: ignore[assignment]  # not None: exactly one of the two was given
+    for batch in read_inputs([queries_file], text_col=opts.query_col, id_col=opts.query_id_col):
         for loc, rid, text in zip(batch.locations, batch.ids, batch.texts, strict=True):
             if text is None:
                 raise InputError(batch.source, "query text is null", location=loc, record_id=rid)
@@ -308,6 +310,11 @@ class Documents:
         return self.table("", np.zeros(0, np.float32), np.zeros(0, np.int64))
 
 
+def _modulo(i: int, n: int) -> int:
+    """The input row of pair `i` when a batch's `n` rows repeat (one block per query)."""
+    return i % n
+
+
 def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
     """Per row of a grouped-candidates batch, the position of its query in --queries (InputError if unknown)."""
     out = np.empty(len(batch.ids), dtype=np.int64)
@@ -332,7 +339,7 @@ def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, grou
             groups = _query_of_rows(batch, group_col, q_index)
             held.append((docs.add(batch), groups))
             pairs = scorer.pair_inputs([queries[g][1] for g in groups], batch.texts)
-            yield RowInputs(pairs, batch, row_of=lambda i, n=len(groups): i % n)
+            yield RowInputs(pairs, batch, row_of=partial(_modulo, n=len(groups)))
 
     for result in runner.map(runner_inputs()):
         base, groups = held.popleft()
@@ -359,7 +366,7 @@ def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: lis
         for batch in BatchSource(replace(inputs, batch_rows=rows)):
             n = len(batch.ids)
             held.append((docs.add(batch), n))
-            yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=lambda i, n=n: i % n)
+            yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=partial(_modulo, n=n))
 
     for result in runner.map(runner_inputs()):
         base, n = held.popleft()
