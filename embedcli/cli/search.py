@@ -108,7 +108,7 @@ def download(
     Uses HF_ENDPOINT, HF_HOME / HF_HUB_CACHE and HF_TOKEN as huggingface_hub does; a model already cached is not
     fetched again.
     """
-    from embedcli.models.download import fetch
+    from embedcli.tasks.download import fetch
 
     def go() -> int:
         typer.echo(str(fetch(model, revision, allow_pickle=allow_pickle, quiet=quiet)))

@@ -493,12 +493,3 @@ def remove_tmp_files(directory: str, stem: str) -> None:
 def staging_exists(root: str) -> bool:
     """Whether a staging area with a manifest exists."""
     return os.path.isfile(manifest_path(root))
-
-
-def __getattr__(name: str) -> Any:
-    # `PreviousOutput` moved to embedcli.io.previous (imported lazily: it imports this module).
-    if name == "PreviousOutput":
-        from embedcli.io.previous import PreviousOutput
-
-        return PreviousOutput
-    raise AttributeError(name)

@@ -143,21 +143,3 @@ def download_model(repo_id: str, revision: str | None = None, *, allow_pickle: b
     if not quiet:
         print(f"embedcli: {repo_id}@{info.sha} -> {path}", file=sys.stderr)
     return path
-
-
-def fetch(model: str, revision: str | None = None, *, allow_pickle: bool = False, quiet: bool = False) -> Path:
-    """`embedcli download`: the cached snapshot of a Hub model, downloading it first when missing; checked loadable."""
-    from embedcli.models.spec import load_model_spec
-
-    repo, pinned = split_revision(model)
-    if not looks_like_repo_id(repo):
-        raise ModelNotFoundError(f"{model!r} is not a Hub model id (org/model[@revision])")
-    revision = revision or pinned
-    path = cached_snapshot(repo, revision)
-    if path is not None:
-        if not quiet:
-            print(f"embedcli: {repo} is already in the cache: {path}", file=sys.stderr)
-    else:
-        path = download_model(repo, revision, allow_pickle=allow_pickle, quiet=quiet)
-    load_model_spec(str(path), allow_pickle=allow_pickle)  # a folder embedcli can run, or a one-line error now
-    return path

@@ -22,10 +22,10 @@ from embedcli.pooling.methods import (
     PoolingMethod,
     SequencePoolingMethod,
     TokenPoolingMethod,
-    get_seq_pooling_method,
     get_tok_pooling_method,
 )
 from embedcli.pooling.params import POOLING_TASKS, PoolerConfig, PoolingConfigError, PoolingParams, check_task
+from embedcli.pooling.st_pooling import get_seq_pooling_method
 
 PoolerOutput = torch.Tensor | list[torch.Tensor | None]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata
-from embedcli.pooling.methods import MEAN_POOL_CHUNK_BYTES, Partial, SequencePoolingMethod
+from embedcli.pooling.methods import MEAN_POOL_CHUNK_BYTES, SEQ_METHODS, Partial, SequencePoolingMethod
 
 # sentence-transformers' mode names, in the order its legacy `pooling_mode_*` booleans concatenate.
 ST_POOLING_MODES: tuple[str, ...] = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -220,3 +220,14 @@ def parse_pooling_type(pooling_type: str) -> tuple[str, ...]:
 def pooling_type_of(modes: Sequence[str]) -> str:
     """The `seq_pooling_type` naming sentence-transformers `modes` (joined by "+" in their order)."""
     return "+".join(ST_MODE_TYPES[m] for m in modes)
+
+
+def get_seq_pooling_method(pooling_type: str, include_prompt: bool = True) -> SequencePoolingMethod:
+    """The sequence pooling method named `CLS`, `LAST`, `MEAN` (vLLM's), or any sentence-transformers mode.
+
+    `MAX`, `MEAN_SQRT_LEN`, `WEIGHTEDMEAN`, several joined by "+" (`CLS+MEAN`, concatenated in that order),
+    and any mode with `include_prompt=False` run as sentence-transformers' `Pooling` does.
+    """
+    if include_prompt and pooling_type in SEQ_METHODS:
+        return SEQ_METHODS[pooling_type]()
+    return SentenceTransformerPool(parse_pooling_type(pooling_type), include_prompt)

@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from embedcli.errors import UsageError
 from embedcli.io.manifest import KEY_CONFIG, KEY_INPUT_OPTIONS, KEY_MODEL, output_metadata
-from embedcli.io.shards import PreviousOutput, row_keys
+from embedcli.io.previous import PreviousOutput
+from embedcli.io.shards import row_keys
 from embedcli.io.writers import output_format
 from embedcli.run.checks import Work
 from embedcli.run.flags import RunFlags
