@@ -130,7 +130,7 @@ def download_model(repo_id: str, revision: str | None = None, *, allow_pickle: b
             )
         raise ModelConfigError(f"{repo_id}: no safetensors weights on the Hub (files: {', '.join(files[:8])})")
     if quiet:
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils.tqdm import disable_progress_bars
 
         disable_progress_bars()
     else:
