@@ -175,7 +175,7 @@ def run_batch(
         raise UsageError("run-batch reads a file (duplicate custom_ids are judged over the whole file); not stdin")
     if flags.incremental or flags.shards_dir:
         raise UsageError("run-batch writes one JSONL file of response lines: --incremental and --shards-dir do not apply")
-    check_target(output.path, flags)
+    check_target(output.path, flags, [path], output.stats_file)  # -o, --stats vs the request file, before loading
     inputs = InputOptions([path], fmt="txt")
     source = BatchSource(inputs)
     source.paths()  # a missing file is an input error before the model loads

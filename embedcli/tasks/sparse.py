@@ -122,7 +122,7 @@ def run_sparse_embed(
 ) -> int:
     """`embedcli sparse-embed`: one sparse vector per row (id, indices, values[, tokens]) and kept columns."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     _check(opts, output)
     spec = load_spec(choice)
     require_task(spec, "sparse_embed", "sparse-embed")

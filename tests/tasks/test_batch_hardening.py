@@ -32,8 +32,8 @@ def test_each_hostile_line_is_its_own_400_and_the_rest_are_answered(cli, st_mode
     src = tmp_path / "requests.jsonl"
     src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     out = tmp_path / "results.jsonl"
-    for _ in range(2):  # and the rerun finds it complete, no traceback either time
-        result = cli("run-batch", src, "-m", st_model, "-o", out, "-q", code=3)
+    for code in (3, 0):  # and the rerun finds it complete (exit 0, README), no traceback either time
+        result = cli("run-batch", src, "-m", st_model, "-o", out, "-q", code=code)
         assert "Traceback" not in result.stderr
     got = {line["custom_id"]: line for line in _lines(out)}
     assert len(_lines(out)) == len(lines)
@@ -58,3 +58,12 @@ def test_a_resumed_run_keeps_one_created_after_the_file_is_rewritten_with_the_sa
     cli("run-batch", src, "-m", st_model, "-o", out, "--shard-rows", 2, "-q", code=3)
     created = {line["response"]["body"]["created"] for line in _lines(out) if line["response"]["status_code"] == 200}
     assert created == {1_700_000_000}
+
+
+def test_run_batch_refuses_its_request_file_as_output_before_loading(cli, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    src = tmp_path / "requests.jsonl"
+    src.write_text(req("a", {"input": "x"}) + "\n")
+    before = src.read_bytes()
+    # no model at all: the refusal comes first
+    result = cli("run-batch", src, "-m", tmp_path / "no-model", "-o", src, "-q", code=2)
+    assert "destroy the input" in result.stderr and src.read_bytes() == before
