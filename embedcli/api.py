@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from embedcli.compute.build import build_runner, embed_recipe
-from embedcli.models.loader import ModelOptions
+from embedcli.models.options import ModelOptions
 from embedcli.models.spec import load_model_spec
 
 

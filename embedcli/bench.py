@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -291,7 +292,7 @@ def _bench_sentence_transformers(
     best: Contender | None = None
     for bs in sorted(set(batch_sizes) | {32}):
         log(f"sentence-transformers encode, batch {bs}")
-        seconds, emb = _time(lambda bs=bs: st.encode(list(texts), batch_size=bs, normalize_embeddings=False))
+        seconds, emb = _time(partial(st.encode, list(texts), batch_size=bs, normalize_embeddings=False))
         c = Contender(f"sentence-transformers bs={bs}", seconds, report.tokens / seconds)
         if bs == 32:
             reference = emb

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +65,10 @@ class SearchSpace:
     def scores(self, queries: np.ndarray, block: np.ndarray) -> np.ndarray:
         """`[q, b]` float64 scores of encoded queries against a block of stored vectors."""
         if self.precision in FLOAT_PRECISIONS:
-            return (_unit(queries) @ _unit(block).T).astype(np.float64)
+            # float64 products of float32 values are exact and the float64 sum is far below a float32 ulp, so
+            # rounded to the float32 that is written, a row's score does not depend on its block: equal rows tie.
+            cos = _unit(queries).astype(np.float64) @ _unit(block).astype(np.float64).T
+            return cos.astype(np.float32).astype(np.float64)
         if self.precision in SCALAR_PRECISIONS:
             return _int_dot(queries, block)
         bits = self.dim or block.shape[1] * 8
@@ -88,7 +92,7 @@ class SearchSpace:
             vectors = vectors.reshape(*candidates.shape[:2], -1).astype(np.float64)
         else:
             vectors = candidates.astype(np.float64)
-        return np.einsum("ij,ikj->ik", q, vectors)
+        return np.einsum("ij,ikj->ik", q, vectors).astype(np.float32).astype(np.float64)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -97,10 +101,18 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, np.float32(1e-12))
 
 
+def usable_rows(block: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """Which rows of a block can be scored: present (`valid`, False for a null vector) and finite."""
+    ok = np.ones(len(block), dtype=bool) if valid is None else np.asarray(valid, dtype=bool).copy()
+    if block.dtype.kind == "f":
+        ok &= np.isfinite(block).all(axis=1)
+    return ok
+
+
 def _int_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # float32 sums of integer products are exact below 2^24; past that (wide uint8 vectors) use float64.
     peak = 128 * 128 if a.dtype == np.int8 else 255 * 255
-    dtype = np.float32 if peak * a.shape[-1] <= 2**24 else np.float64
+    dtype: type[np.floating[Any]] = np.float32 if peak * a.shape[-1] <= 2**24 else np.float64
     return (a.astype(dtype) @ b.astype(dtype).T).astype(np.float64)
 
 
@@ -161,7 +173,7 @@ def best_positions(scores: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
 
 def search_blocks(
     queries: np.ndarray,
-    blocks: Iterable[np.ndarray],
+    blocks: Iterable[np.ndarray | tuple[np.ndarray, np.ndarray | None]],
     k: int,
     space: SearchSpace | None = None,
     rescore_multiplier: int = 0,
@@ -169,8 +181,10 @@ def search_blocks(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-`k` of float `queries` `[q, dim]` over stored vectors given block by block.
 
-    Returns (scores, rows), `[q, min(k, n)]`, best first; rows count from 0 across blocks. Working memory
-    is about `query_chunk x block rows` scores (float64) plus one block of vectors.
+    A block is an array, or `(array, valid)` where `valid[i]` is False for a null row. Rows that cannot be
+    scored (null, NaN or infinite) keep their place in the numbering and are never hits. Returns (scores,
+    rows), `[q, min(k, usable rows)]`, best first; rows count from 0 across blocks. Working memory is about
+    `query_chunk x block rows` scores (float64) plus one block of vectors.
     """
     space = space or SearchSpace()
     queries = np.asarray(queries, dtype=np.float32)
@@ -178,37 +192,58 @@ def search_blocks(
     rescoring = rescore_multiplier > 0 and space.quantized
     chunks = [slice(i, min(i + query_chunk, len(queries))) for i in range(0, len(queries), query_chunk)]
     tops = [TopK(c.stop - c.start, k * rescore_multiplier if rescoring else k) for c in chunks]
-    first = 0
-    for block in blocks:
+    first = usable = 0
+    for item in blocks:
+        block, valid = item if isinstance(item, tuple) else (item, None)
         if len(block):
+            ok = usable_rows(block, valid)
+            usable += int(ok.sum())
+            if not ok.all():
+                block = np.where(ok[:, None], block, np.zeros((), block.dtype))
             for c, top in zip(chunks, tops, strict=True):
-                top.add(space.scores(encoded[c], block), first, block if rescoring else None)
+                scores = space.scores(encoded[c], block)
+                scores[:, ~ok] = -np.inf
+                top.add(scores, first, block if rescoring else None)
         first += len(block)
-    found = min(first, k)
+    found = min(usable, k)
     scores = np.zeros((len(queries), found), dtype=np.float64)
     rows = np.zeros((len(queries), found), dtype=np.int64)
     for c, top in zip(chunks, tops, strict=True):
         s, r = top.result()
         if rescoring and top.payload is not None:
-            rescored = space.rescore(queries[c], top.payload)
+            rescored = np.where(np.isneginf(s), -np.inf, space.rescore(queries[c], top.payload))
             keep = best_positions(rescored, r, k)
             take = np.arange(len(r))[:, None]
             s, r = rescored[take, keep], r[take, keep]
-        scores[c], rows[c] = s, r
+        scores[c], rows[c] = s[:, :found], r[:, :found]
     return scores, rows
 
 
-def parquet_vector_blocks(path: str, block_rows: int = DEFAULT_BLOCK_ROWS, column: str = "embedding") -> Iterator[np.ndarray]:
-    """`[b, width]` blocks of a Parquet file's vector column, read a row group at a time."""
+def vector_block(column: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """A vector column as `([b, width] array, valid)`: a null row stays in its place (zeros, not valid), so
+    the rows after it keep their numbers; `valid` is None when no row is null."""
+    if not column.null_count:
+        return embedding_matrix(column), None
+    valid = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    present = embedding_matrix(column.filter(pa.array(valid)))
+    full = np.zeros((len(column), column.type.list_size), dtype=present.dtype)
+    full[valid] = present
+    return full, valid
+
+
+def parquet_vector_blocks(
+    path: str, block_rows: int = DEFAULT_BLOCK_ROWS, column: str = "embedding"
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """`([b, width], valid)` blocks of a Parquet file's vector column (see `vector_block`), a row group at a time."""
     # pre_buffer=False and use_threads=False: by default pyarrow fetches every row group's column chunk up
     # front and decodes ahead, so memory grows with the file (measured on 100k x 384 float32 in 1,024-row
     # row groups: peak +298 MiB by default; see benchmarks/bench_search.py for the figures without).
     with pq.ParquetFile(path, pre_buffer=False) as pf:
         for batch in pf.iter_batches(batch_size=block_rows, columns=[column], use_threads=False):
-            yield embedding_matrix(batch.column(0))
+            yield vector_block(batch.column(0))
 
 
-def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int = DEFAULT_BLOCK_ROWS):  # type: ignore[no-untyped-def]
+def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int = DEFAULT_BLOCK_ROWS) -> pa.Table:
     """A pyarrow table of `columns` for the given row numbers (in that order), read in one streamed pass."""
     wanted = np.unique(rows)
     pieces = []

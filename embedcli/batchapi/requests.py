@@ -28,12 +28,12 @@ embedcli cannot honour (chat `messages`, multimodal inputs, `add_special_tokens:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from embedcli.batchapi.served import SPARSE_TASK, ServedModel
+from embedcli.io.json_line import BadJsonLine, parse_json_line
 
 Route = Literal["embeddings", "cohere_embed", "score", "rerank", "classify", "pooling"]
 ROUTES: dict[str, Route] = {
@@ -62,6 +62,7 @@ COHERE_PRECISIONS: dict[str, str] = {
 ENCODING_FORMATS: tuple[str, ...] = ("float", "base64")
 EMBED_DTYPES: tuple[str, ...] = ("float32", "float16")
 ENDIANNESS: tuple[str, ...] = ("native", "little", "big")
+MAX_TOKEN_ID = 2**63 - 1  # token ids are int64 tensors
 
 UnitInput = str | tuple[int, ...] | tuple[str, str]
 
@@ -161,8 +162,8 @@ def scan_custom_ids(lines: Iterable[str], start_line: int = 1) -> SeenIds:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except ValueError:
+            obj = parse_json_line(text)
+        except BadJsonLine:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str):
             seen.claim(obj["custom_id"], number)
@@ -182,9 +183,9 @@ def parse_lines(
 def parse_line(text: str, line: int, model: ServedModel, seen: SeenIds | None = None) -> BatchRequest | BadLine:
     """One request line → a validated request, or the bad line saying which field is wrong and why."""
     try:
-        obj = json.loads(text)
-    except ValueError as e:
-        return BadLine(line, None, f"malformed JSON ({e})")
+        obj = parse_json_line(text)
+    except BadJsonLine as e:
+        return BadLine(line, None, e.reason)
     if not isinstance(obj, dict):
         return BadLine(line, None, f"a request line must be a JSON object, not {_kind(obj)}")
     custom_id = obj.get("custom_id")
@@ -282,8 +283,21 @@ def _require_task(model: ServedModel, task: str, api: str) -> None:
         raise BadRequest("url", f"The model does not support {api} API")
 
 
-def _completion_inputs(body: _Body, name: str = "input") -> list[UnitInput]:
-    """vLLM's completion input: a string, a list of strings, token ids, or a list of token-id lists."""
+def _completion_inputs(body: _Body, model: ServedModel, name: str = "input") -> list[UnitInput]:
+    """vLLM's completion input: a string, a list of strings, token ids, or a list of token-id lists; every
+    token id must be one of the model's (below its vocabulary size)."""
+    inputs = _raw_completion_inputs(body, name)
+    limit = model.vocab_size or MAX_TOKEN_ID + 1
+    nested = any(isinstance(v, list) for v in body.data[name]) if isinstance(body.data[name], list) else False
+    for i, x in enumerate(inputs):
+        bad = next((t for t in x if isinstance(t, int) and t >= limit), None) if isinstance(x, tuple) else None
+        if bad is not None:
+            raise BadRequest(f"body.{name}" + (f"[{i}]" if nested else ""),
+                             f"token id {bad} is out of range: the model's vocabulary has {limit} ids (0 to {limit - 1})")
+    return inputs
+
+
+def _raw_completion_inputs(body: _Body, name: str) -> list[UnitInput]:
     if body.has("messages"):
         raise BadRequest("body.messages", "chat-style requests are not supported by embedcli; send `input`")
     value = body.required(name)
@@ -371,12 +385,13 @@ def _dimensions(body: _Body, model: ServedModel, name: str = "dimensions") -> in
     return d
 
 
-def _encoding(body: _Body) -> dict[str, str]:
-    return {
-        "encoding_format": body.choice("encoding_format", ENCODING_FORMATS, "float"),
-        "embed_dtype": body.choice("embed_dtype", EMBED_DTYPES, "float32"),
-        "endianness": body.choice("endianness", ENDIANNESS, "native"),
-    }
+def _encoding(body: _Body) -> ResponseOptions:
+    """The response options of the encoding fields (`encoding_format`, `embed_dtype`, `endianness`)."""
+    return ResponseOptions(
+        encoding_format=body.choice("encoding_format", ENCODING_FORMATS, "float"),
+        embed_dtype=body.choice("embed_dtype", EMBED_DTYPES, "float32"),
+        endianness=body.choice("endianness", ENDIANNESS, "native"),
+    )
 
 
 def _check_special_tokens(body: _Body) -> None:
@@ -389,7 +404,7 @@ def _check_special_tokens(body: _Body) -> None:
 
 def _sparse_units(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
     """A SPLADE model's `embed` (vLLM's task for `BertSpladeSparseEmbeddingModel`): its sparse vectors."""
-    inputs = _completion_inputs(body)
+    inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
     tokens, side = _truncation(body, model)
     if _use_activation(body, "normalize"):
@@ -397,18 +412,18 @@ def _sparse_units(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Re
                          "SPLADE vectors are not normalized; send false or leave it out")
     _dimensions(body, model)  # a SPLADE model has no Matryoshka sizes: a bad line
     params = UnitParams(None, None, tokens, side)
-    return tuple(Unit(SPARSE_TASK, x, params) for x in inputs), ResponseOptions(**_encoding(body))
+    return tuple(Unit(SPARSE_TASK, x, params) for x in inputs), _encoding(body)
 
 
 def _embeddings(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
     if model.sparse:
         return _sparse_units(body, model)
     _require_task(model, "embed", "Embeddings")
-    inputs = _completion_inputs(body)
+    inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
     tokens, side = _truncation(body, model)
     params = UnitParams(_use_activation(body, "normalize"), _dimensions(body, model), tokens, side)
-    return tuple(Unit("embed", x, params) for x in inputs), ResponseOptions(**_encoding(body))
+    return tuple(Unit("embed", x, params) for x in inputs), _encoding(body)
 
 
 def _cohere_embed(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
@@ -510,7 +525,7 @@ def _rerank(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Response
 
 def _classify(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseOptions]:
     _require_task(model, "classify", "Classification")
-    inputs = _completion_inputs(body)
+    inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
     tokens, side = _truncation(body, model)
     params = UnitParams(_use_activation(body), None, tokens, side)
@@ -532,14 +547,14 @@ def _pooling(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Respons
         raise BadRequest("body.task", f"Task {task!r} was removed: use {hint} instead")
     elif task not in POOLING_ROUTE_TASKS or task not in model.tasks:
         raise BadRequest("body.task", f"Unsupported task: {task!r}")
-    inputs = _completion_inputs(body)
+    inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
     tokens, side = _truncation(body, model)
     if body.has("dimensions") and task not in ("embed", "token_embed"):
         raise BadRequest("body.dimensions", f"Task {task!r} does not take dimensions; it takes use_activation")
     dimensions = _dimensions(body, model)
     params = UnitParams(_use_activation(body, "normalize"), dimensions, tokens, side)
-    return tuple(Unit(task, x, params) for x in inputs), ResponseOptions(**_encoding(body))
+    return tuple(Unit(task, x, params) for x in inputs), _encoding(body)
 
 
 _ROUTE_PARSERS = {

@@ -24,6 +24,7 @@ class ServedModel:
     prompts: Mapping[str, str] = field(default_factory=dict)
     id2label: Mapping[int, str] = field(default_factory=dict)
     score_method: str | None = None  # how /score and /rerank score a pair; None: the model cannot score
+    vocab_size: int | None = None  # token ids in requests must be below it (None: unknown, int64 only)
 
     @property
     def sparse(self) -> bool:
@@ -40,7 +41,9 @@ class ServedModel:
         return name is None or name in self.names
 
     @classmethod
-    def from_spec(cls, spec: Any, names: tuple[str, ...] = (), score_method: str | None = None) -> ServedModel:
+    def from_spec(
+        cls, spec: Any, names: tuple[str, ...] = (), score_method: str | None = None, vocab_size: int | None = None
+    ) -> ServedModel:
         """What an `embedcli.models.spec.ModelSpec` serves; `names`: more names `body.model` may give (the
         `-m` value); `score_method`: `--method` as resolved, else the model's own (vLLM's score type)."""
         if score_method is None:
@@ -55,4 +58,5 @@ class ServedModel:
             prompts=dict(spec.prompts),
             id2label=dict(enumerate(spec.id2label)),
             score_method=score_method,
+            vocab_size=vocab_size,
         )

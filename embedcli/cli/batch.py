@@ -82,6 +82,10 @@ def run_batch(
     model, a duplicate custom_id) gets a status 400 line with an error object naming the line and field; the
     run goes on and exits 3 (--on-error fail: stops at the first, exit 1). Resume after a kill, --shard K/N,
     progress and --stats work as for every command.
+
+    Fields vLLM accepts that embedcli cannot honour are 400 lines too, never other numbers: chat `messages`,
+    multimodal inputs, `add_special_tokens: false`, and `embed_dtype` other than float32 / float16
+    (bfloat16, fp8).
     """
     from embedcli.tasks.batch import BatchOptions
     from embedcli.tasks.batch import run_batch as run_batch_task

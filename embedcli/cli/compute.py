@@ -45,6 +45,7 @@ from embedcli.cli.options import (
     OPT_MODEL,
     OPT_OUT_FORMAT,
     OPT_OUTPUT,
+    OPT_OVERWRITE,
     OPT_PICKLE,
     OPT_QUIET,
     OPT_RAW_SCORES,
@@ -173,6 +174,7 @@ def rerank(
     instruction: str | None = OPT_INSTRUCTION,
     reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
+    overwrite: bool = OPT_OVERWRITE,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
 ) -> None:
@@ -197,6 +199,7 @@ def rerank(
                 query_id_col=query_id_col, top_n=top_n, return_documents=return_documents, group_col=group_col,
             ),
             OutputOptions(output, output_format, quiet, stats),
+            RunFlags(overwrite=overwrite),
         )
     )
 

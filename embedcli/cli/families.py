@@ -3,6 +3,7 @@ classify and info share, and the `sparse-embed` command."""
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
 import typer
@@ -64,6 +65,20 @@ OPT_PRESET = typer.Option(
 )
 
 
+def refuse_format_specs(template: str, flag: str) -> None:
+    """UsageError unless every field of `template` is a plain `{name}`: a format spec or conversion
+    (`{query:>100000000}` pads for ever, `{query:{document}}` nests, `{query!r}`) is refused before use."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise UsageError(f"{flag}: not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+    for _, name, spec, conversion in parsed:
+        if name is not None and (spec or conversion):
+            field = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise UsageError(f"{flag}: {field} has a format spec or conversion; use plain fields only: "
+                             "{query}, {document}, {instruction}")
+
+
 def reranker_flags(
     tokens: str | None, template: str | None, instruction: str | None, preset: str | None
 ) -> RerankerFlags | None:
@@ -74,6 +89,7 @@ def reranker_flags(
     if tokens is not None and (not parsed or len(parsed) > 2):
         raise UsageError(f"--classifier-from-tokens {tokens!r}: give one token or two, FALSE,TRUE (e.g. no,yes)")
     if template is not None:
+        refuse_format_specs(template, "--pair-template")
         try:
             check_template(template, "--pair-template")
         except ValueError as e:

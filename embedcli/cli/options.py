@@ -66,6 +66,11 @@ OPT_OUT_FORMAT = typer.Option(
     None, "--output-format", envvar=env("output-format"), rich_help_panel=OUTPUT, help="parquet, jsonl or npy (default: from the extension)."
 )
 OPT_QUIET = typer.Option(False, "-q", "--quiet", envvar=env("quiet"), rich_help_panel=PROGRESS, help="No progress bar or notes on stderr.")
+OPT_OVERWRITE = typer.Option(
+    False, "--overwrite", envvar=env("overwrite"), rich_help_panel=OUTPUT,
+    help="Replace an output made otherwise (another config or command, or a file embedcli did not write); "
+    "without it such a run stops with exit 2.",
+)
 OPT_STATS = typer.Option(
     None, "--stats", envvar=env("stats"), rich_help_panel=PROGRESS,
     help="Write a JSON report (rows, tokens, seconds per phase, peak memory) to this file.",

@@ -107,7 +107,7 @@ def _distributed_options() -> list[tuple[str, Any, Any]]:
     ]
 
 
-def unattended(fn: Callable[..., Any] | None = None, *, on_error: str | None = None) -> Any:
+def unattended(fn: Callable[..., Any] | None = None, *, on_error: str | None = None) -> Callable[..., Any]:
     """Decorator for compute commands: adds the resume/error/progress flags; the body gets them as `flags`.
 
     Put it under `@app.command(...)`; the body takes a keyword `flags: RunFlags` that typer does not see. SIGTERM is turned into KeyboardInterrupt for the whole command,
@@ -150,7 +150,7 @@ def unattended(fn: Callable[..., Any] | None = None, *, on_error: str | None = N
     wrapper.__qualname__ = fn.__qualname__
     wrapper.__doc__ = fn.__doc__
     wrapper.__module__ = fn.__module__
-    wrapper.__signature__ = new_signature  # type: ignore[attr-defined]
+    wrapper.__signature__ = new_signature  # type: ignore[attr-defined]  # typer reads a wrapper's __signature__
     wrapper.__annotations__ = {p.name: p.annotation for p in new_signature.parameters.values()}
     wrapper.__annotations__["return"] = new_signature.return_annotation
     return wrapper

@@ -10,6 +10,7 @@ from embedcli.cli.options import (
     INPUT,
     MODEL,
     OPT_DEVICE,
+    OPT_OVERWRITE,
     OPT_PICKLE,
     OPT_QUIET,
     OPT_REMOTE,
@@ -66,6 +67,7 @@ def search(
         None, "--output-format", envvar=env("output-format"), rich_help_panel=OUTPUT,
         help="parquet or jsonl (default: from the extension).",
     ),
+    overwrite: bool = OPT_OVERWRITE,
     quiet: bool = OPT_QUIET,
 ) -> None:
     """Exact top-k search of a vectors file: query_id, rank, id, score and kept columns, best first.
@@ -75,6 +77,7 @@ def search(
     the dot product of codes for int8/uint8 (queries quantized with the stored ranges), agreeing bits for
     binary/ubinary; ties go to the earlier row.
     """
+    from embedcli.run.flags import RunFlags
     from embedcli.tasks.common import ModelChoice, OutputOptions
     from embedcli.tasks.search import SearchOptions, run_search
 
@@ -83,6 +86,7 @@ def search(
             SearchOptions(vectors, query, queries, query_col, query_id_col, top_k, cols(keep_cols), rescore, block_rows),
             ModelChoice(model, device, dtype, None, allow_pickle, trust_remote_code),
             OutputOptions(output, output_format, quiet),
+            RunFlags(overwrite=overwrite),
         )
     )
 
@@ -104,7 +108,7 @@ def download(
     Uses HF_ENDPOINT, HF_HOME / HF_HUB_CACHE and HF_TOKEN as huggingface_hub does; a model already cached is not
     fetched again.
     """
-    from embedcli.models.checkpoint.download import fetch
+    from embedcli.tasks.download import fetch
 
     def go() -> int:
         typer.echo(str(fetch(model, revision, allow_pickle=allow_pickle, quiet=quiet)))

@@ -64,7 +64,7 @@ def embed_recipe(
         strip=strip,
         dimensions=dimensions,
         prompt=embed_prompt(spec, prompt, prompt_name),
-        long_inputs=long_inputs,  # type: ignore[arg-type]
-        truncation_side=truncation_side,  # type: ignore[arg-type]
+        long_inputs=long_inputs,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
+        truncation_side=truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
     )
     return RunnerRecipe(spec, model_options, options, threads)

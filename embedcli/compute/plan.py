@@ -33,6 +33,7 @@ class RunnerPlan:
     def of(cls, runner: Runner) -> RunnerPlan:
         """What a built runner resolved to."""
         model = runner.model
+        assert runner.params.task is not None  # a runner is built for one task
         return cls(
             task=runner.params.task,
             normalize=bool(runner.params.use_activation),

@@ -143,7 +143,7 @@ class SliceState:
 
 
 def forward_with_slice(
-    model, ids: torch.Tensor, lengths: list[int], piece: SliceRef | None, state: SliceState | None  # type: ignore[no-untyped-def]
+    model: Any, ids: torch.Tensor, lengths: list[int], piece: SliceRef | None, state: SliceState | None
 ) -> torch.Tensor:
     """Hidden states `[total, hidden]` of whole sequences of `lengths` followed by one slice (decoders only)."""
     if piece is None:
@@ -234,9 +234,9 @@ def run_long(
             prompt_token_lens=[prompt_tokens] * len(order) if prompt_tokens else None,
         )
         outs = pool_forward(pooler, hidden, metadata, [*([None] * len(fwd.members)), state])
-        for i, out in zip(order, outs, strict=True):
-            if out is not None:
-                results[i] = out
+        for i, done in zip(order, outs, strict=True):
+            if done is not None:
+                results[i] = done
         stats.forwards += 1
         stats.tokens += int(cu[-1])
         if piece.is_last:

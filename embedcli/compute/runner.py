@@ -7,14 +7,16 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from embedcli.compute.options import RunnerOptions, RunStats, TokenRows
+from embedcli.compute.options import RunnerOptions as RunnerOptions
+from embedcli.compute.options import RunStats as RunStats
+from embedcli.compute.options import TokenRows as TokenRows
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.checkpoint.st_config import prompt_token_count
@@ -82,7 +84,7 @@ class Runner:
         # Chunks of an over-long row are pooled without the activation; the row is normalized once, after
         # the token-weighted mean (see `_aggregate_chunks`).
         self._chunk_params = dataclasses.replace(self.params, use_activation=False)
-        self.pooler = model.pooler.pooler_for(task)
+        self.pooler = model.pooler.pooler_for(task)  # type: ignore[operator]  # loader types `pooler` as the Module .eval() returns
         self.needs_token_ids = self.pooler.requires_token_ids()
         # Causal own backbones run a sequence over the token budget in slices (the fallback runs it whole); the
         # pooler must declare it carries them, so wrong wiring fails here, not at the first long document.
@@ -222,7 +224,7 @@ class Runner:
         self.stats.tokens += int(cu[-1])
         return list(out)
 
-    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult:
+    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult | TokenRows:
         """Results for every row of a tokenized batch, in row order."""
         start = time.perf_counter()
         results: list[torch.Tensor | None] = [None] * len(enc.ids)
@@ -249,15 +251,15 @@ class Runner:
 
     def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows:
         if self.params.task in ("token_embed", "token_classify"):
-            values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]
+            values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]  # no None is left once every pack has run
             return TokenRows(list(enc.ids), values) if self.options.with_token_ids else values
         if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index
-            return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]
+            return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]  # no None is left once every pack has run
         if enc.num_rows == len(results):
             if not results:
                 width = self.params.dimensions or self.model.spec.embedding_size
                 return np.zeros((0, width), dtype=np.float32)
-            return torch.stack(results).float().cpu().numpy()  # type: ignore[arg-type]
+            return torch.stack(results).float().cpu().numpy()  # type: ignore[arg-type]  # no None is left once every pack has run
         return self._aggregate_chunks(enc, results)
 
     def _aggregate_chunks(self, enc: Encoded, results: list[torch.Tensor | None]) -> np.ndarray:
@@ -274,7 +276,7 @@ class Runner:
         out = np.zeros((enc.num_rows, first.shape[-1]), dtype=np.float64)
         total = np.zeros(enc.num_rows, dtype=np.float64)
         for row, w, r in zip(enc.owner.tolist(), weights.tolist(), results, strict=True):
-            out[row] += w * r.double().cpu().numpy()  # type: ignore[union-attr]
+            out[row] += w * r.double().cpu().numpy()  # type: ignore[union-attr]  # no None is left once every pack has run
             total[row] += w
         mean = out / total[:, None]
         if self.params.use_activation and enc.chunked is not None:
@@ -284,7 +286,7 @@ class Runner:
         return mean.astype(np.float32)
 
     # -- streaming ---------------------------------------------------------------------------------
-    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult]:
+    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult | TokenRows]:
         """One result per input batch, in order; the next batch is tokenized while this one computes."""
         source = iter(batches)
         first_row = 0
@@ -319,7 +321,7 @@ _DONE = object()
 _JOIN_SECONDS = 2.0
 
 
-def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+def prefetch(items: Iterator[Any], depth: int = 2) -> Generator[Any, None, None]:
     """Yield from `items`, produced `depth` ahead in a background thread (tokenizers and torch release the GIL)."""
     q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()

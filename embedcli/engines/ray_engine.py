@@ -37,7 +37,7 @@ import pyarrow as pa
 from embedcli.compute.build import RunnerRecipe, build_runner, embed_recipe
 from embedcli.compute.runner import Runner, RunStats, TokenRows
 from embedcli.errors import UsageError
-from embedcli.models.loader import ModelOptions
+from embedcli.models.options import ModelOptions
 from embedcli.models.spec import load_model_spec
 
 INSTALL_HINT = "pip install 'embedcli[ray]'  (ray[data]==2.60.0)"

@@ -50,6 +50,7 @@ class _Records:
 
     def _feed(self) -> Iterator[str]:
         while True:
+            item: tuple[int, str] | None
             if self.pending:
                 item = self.pending.popleft()
             else:
@@ -138,6 +139,7 @@ def read_delimited(path: str, spec: ReadSpec, prefix: str, fmt: str) -> Iterator
 
         def decoded() -> Iterator[tuple[int, str]]:
             for lineno, raw in numbered_lines(f, path):
+                assert raw is not None  # None marks a pause of stdin, only with idle=True
                 try:
                     yield lineno, raw.decode("utf-8")
                 except UnicodeDecodeError as e:
@@ -212,7 +214,7 @@ def _record(
 
 
 def _header_indices(path: str, header: list[str], spec: ReadSpec) -> tuple[int, int, list[int], list[int]]:
-    def index(col: str, what: str, flag: str) -> int:
+    def index(col: str, what: str, flag: str | None) -> int:
         if col not in header:
             raise missing_column(path, what, col, header, flag)
         if header.count(col) > 1:

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from embedcli.io.errors import InputError
 from embedcli.io.fingerprint import rereadable
+from embedcli.io.json_line import BadJsonLine, parse_json_line
 from embedcli.io.reader_base import (
     BatchBuilder,
     InputBatch,
@@ -35,10 +36,6 @@ def _id_hint(line: str, key: str) -> str | None:
         return None
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool) -> dict[str, Any] | None:
     """The JSON object on a line, or None when the line is a bad row (reported to `spec`)."""
     loc = f"line {lineno}"
@@ -48,24 +45,16 @@ def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool) -> d
         spec.bad(utf8_error(path, lineno, e))
         return None
     try:
-        rec = json.loads(line)
-    except RecursionError:
-        spec.bad(InputError(path, "JSON nested too deeply to read", location=loc, record_id=_id_hint(line, spec.id_col)))
-        return None
-    except ValueError as e:
-        if first and line.lstrip().startswith("["):
+        rec = parse_json_line(line)
+    except BadJsonLine as e:
+        if e.kind == "malformed" and first and line.lstrip().startswith("["):
             raise _json_array_error(path, loc) from None
-        msg = f"{e.msg} (column {e.colno})" if isinstance(e, json.JSONDecodeError) else str(e)
-        spec.bad(
-            InputError(
-                path,
-                f"malformed JSON: {msg}",
-                location=loc,
-                record_id=_id_hint(line, spec.id_col),
-                fix="each line must be one complete JSON object"
-                + ("; for plain text, one text per line, pass --format txt" if first else ""),
-            )
-        )
+        fix = {
+            "malformed": "each line must be one complete JSON object"
+            + ("; for plain text, one text per line, pass --format txt" if first else ""),
+            "surrogate": "write the character itself, or both halves of its surrogate pair",
+        }.get(e.kind)
+        spec.bad(InputError(path, e.reason, location=loc, record_id=_id_hint(line, spec.id_col), fix=fix))
         return None
     if not isinstance(rec, dict):
         if first and isinstance(rec, list):
@@ -79,29 +68,7 @@ def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool) -> d
             )
         )
         return None
-    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(rec):
-        # "\ud83d" alone parses to a string no UTF-8 encoder (tokenizer, Arrow, JSON out) can take.
-        spec.bad(
-            InputError(
-                path,
-                "a string holds a lone UTF-16 surrogate escape (e.g. \\ud83d without its pair)",
-                location=loc,
-                record_id=_id_hint(line, spec.id_col),
-                fix="write the character itself, or both halves of its surrogate pair",
-            )
-        )
-        return None
     return rec
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return _LONE_SURROGATE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
 
 
 def _any_record_has(path: str, key: str) -> bool:
@@ -109,10 +76,10 @@ def _any_record_has(path: str, key: str) -> bool:
     pattern = re.compile(b'"' + re.escape(json.dumps(key)[1:-1].encode()) + rb'"\s*:')
     with open_binary(path) as f:
         for _, raw in numbered_lines(f, path):
-            if pattern.search(raw):
+            if raw is not None and pattern.search(raw):
                 try:
-                    rec = json.loads(raw)
-                except (ValueError, RecursionError):
+                    rec = parse_json_line(raw.decode("utf-8", "replace"))
+                except BadJsonLine:
                     continue
                 if isinstance(rec, dict) and key in rec:
                     return True

@@ -28,13 +28,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.commit import INDEX_SUFFIX, TEMP_MARK, arrow_source, fsync_parent, write_atomic
+from embedcli.io.commit import INDEX_SUFFIX as INDEX_SUFFIX
 from embedcli.io.commit import OLD_SUFFIX as OLD_SUFFIX
 from embedcli.io.commit import STAGING_SUFFIX as STAGING_SUFFIX
+from embedcli.io.commit import TEMP_MARK, arrow_source, fsync_parent
+from embedcli.io.commit import write_atomic as write_atomic
 from embedcli.io.errors import OutputError
 from embedcli.io.fingerprint import fingerprint_identity
 from embedcli.io.formats import output_format
-from embedcli.io.sidecar import check_sidecar, read_json_file
+from embedcli.io.sidecar import check_sidecar
+from embedcli.io.sidecar import read_json_file as read_json_file
 
 MANIFEST_FORMAT = "embedcli-manifest"
 MANIFEST_VERSION = 1
@@ -148,6 +151,7 @@ def write_json_atomic(path: str, payload: Any) -> None:
 
 def output_error(path: str, e: OSError, resumable: bool = True) -> OutputError:
     """An OutputError for an OSError while writing, saying how to resume (full disk gets its own fix)."""
+    fix: str | None
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = "free some space and rerun the same command" + (
             ": committed work is kept and the run resumes" if resumable else ""

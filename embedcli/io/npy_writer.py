@@ -159,6 +159,7 @@ class NpyResultWriter(ResultWriter):
         self._meta_tmp = stage_sidecar(self.sidecar_path, meta)
         # Ids and data first, then the sidecar that names their hashes (see embedcli.io.sidecar).
         if self._has_ids:
+            assert self._ids_tmp is not None
             os.replace(self._ids_tmp, self.ids_path)
         os.replace(self._tmp, self.path)
         os.replace(self._meta_tmp, self.sidecar_path)

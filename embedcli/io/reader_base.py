@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import gzip
+import io
+import json
+import lzma
 import os
 import select
 import sys
@@ -82,6 +86,7 @@ class ReadSpec:
     batch_chars: int | None = None  # a batch also ends at the row whose text brings it to this many characters
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
     id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
+    null_kept: set[str] = field(default_factory=set)  # kept columns whose first batch was all null (text columns)
 
     def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:
         """Fix the run's id type to a whole input's `t` (InputError when an earlier input's differs)."""
@@ -231,9 +236,16 @@ class BatchBuilder:
         field_name = f"id field {self.spec.id_col!r}"
         self.spec.id_type = self._check_type(batch, values, self.spec.id_type, field_name, bad, shown=raw_ids)
         for col in self.spec.keep_cols:
+            if col in self.spec.null_kept:
+                # the first rows left it null, so the output holds it as text: a later value is its JSON text
+                batch.columns[col] = [v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                                      for v in batch.columns[col]]
             t = self._check_type(batch, batch.columns[col], self.spec.kept_types.get(col), f"kept field {col!r}", bad)
             if t is not None:
                 self.spec.kept_types[col] = t
+            elif col not in self.spec.kept_types:  # null so far: written as a string column (`kept_arrays`)
+                self.spec.kept_types[col] = pa.string()
+                self.spec.null_kept.add(col)
         if not bad:
             return batch
         keep = [j for j in range(len(batch)) if j not in bad]
@@ -288,12 +300,53 @@ class BatchBuilder:
 # Byte-level helpers
 
 
-def open_binary(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+COMPRESSIONS: dict[str, str] = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def compression_of(path: str) -> str | None:
+    """The compression a text input's name says (`.gz`, `.bz2`, `.xz`, `.zst`), read transparently; else None."""
+    return COMPRESSIONS.get(os.path.splitext(path.lower())[1]) if path != STDIN else None
+
+
+def without_compression(path: str) -> str:
+    """`docs.jsonl.zst` → `docs.jsonl` (the name that says the format)."""
+    return path[: -len(os.path.splitext(path)[1])] if compression_of(path) else path
+
+
+class _RawStream(io.RawIOBase):
+    """A pyarrow input stream as raw bytes, so `io.BufferedReader` gives it lines (pyarrow's compressed
+    streams cannot `readline`)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+def open_binary(path: str) -> contextlib.AbstractContextManager[Any]:
+    """The decompressed bytes of an input (stdin as is)."""
     if path == STDIN:
         return contextlib.nullcontext(sys.stdin.buffer)
     try:
-        if path.lower().endswith(".gz"):
+        kind = compression_of(path)
+        if kind == "gzip":
             return gzip.open(path, "rb")
+        if kind == "bz2":
+            return bz2.open(path, "rb")
+        if kind == "xz":
+            return lzma.open(path, "rb")
+        if kind == "zstd":  # pyarrow speaks zstd (the Python standard library does from 3.14 only)
+            return io.BufferedReader(_RawStream(pa.input_stream(path, compression="zstd")), 1 << 20)
         return open(path, "rb")
     except FileNotFoundError:
         raise InputError(path, "no such file", fix="check the path") from None
@@ -340,7 +393,7 @@ def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tupl
             if lineno == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]
             yield lineno, raw
-    except (OSError, EOFError, zlib.error) as e:
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as e:
         raise InputError(
             path, f"cannot read the file: {one_line(e)}", location=f"line {lineno + 1}"
         ) from None

@@ -24,7 +24,7 @@ from embedcli.io.fingerprint import (
 )
 from embedcli.io.jsonl_reader import read_jsonl
 from embedcli.io.parquet_reader import read_parquet
-from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec
+from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec, compression_of, without_compression
 from embedcli.io.text_reader import read_txt
 
 __all__ = [
@@ -78,9 +78,7 @@ def detect_format(path: str, fmt: str | None = None) -> str:
         return normalize_format(fmt)
     if path == STDIN:
         return "jsonl"
-    name = path.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
+    name = without_compression(path.lower())
     ext = os.path.splitext(name)[1]
     if ext in _EXTENSIONS:
         return _EXTENSIONS[ext]
@@ -177,8 +175,9 @@ def read_inputs(
                 f"plain-text input has no named columns (asked for: {', '.join(asked)}); each line is one text",
                 fix="drop --id-col/--keep-cols for .txt input, or use JSONL/CSV/Parquet",
             )
-        if f == "parquet" and p.lower().endswith(".gz"):
-            raise InputError(p, "gzip-compressed Parquet is not supported", fix="decompress it first")
+        if f == "parquet" and compression_of(p):
+            raise InputError(p, f"{compression_of(p)}-compressed Parquet is not supported (Parquet compresses its "
+                             "own columns)", fix=f"decompress it first, to {os.path.basename(without_compression(p))}")
     return _iter_files(plan, spec, _id_prefixes(resolved))
 
 
@@ -209,7 +208,7 @@ def count_records(path: str, fmt: str | None = None) -> int | None:
     try:
         if fmt == "parquet":
             return int(pq.ParquetFile(path).metadata.num_rows)
-        if path.lower().endswith(".gz") or not stat.S_ISREG(os.stat(path).st_mode):
+        if compression_of(path) or not stat.S_ISREG(os.stat(path).st_mode):
             return None
         lines = 0
         last = b"\n"

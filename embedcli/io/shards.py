@@ -131,7 +131,7 @@ class ShardStore:
         self._errors: list[dict[str, Any]] = []
         os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
         first = next((s for s in manifest.shards if s.file), None)
-        if first is not None:
+        if first is not None and first.file is not None:
             schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
             self.schema = pa.schema([f.with_type(arrow_child_names(f.type)) for f in schema])
 
@@ -493,12 +493,3 @@ def remove_tmp_files(directory: str, stem: str) -> None:
 def staging_exists(root: str) -> bool:
     """Whether a staging area with a manifest exists."""
     return os.path.isfile(manifest_path(root))
-
-
-def __getattr__(name: str) -> Any:
-    # `PreviousOutput` moved to embedcli.io.previous (imported lazily: it imports this module).
-    if name == "PreviousOutput":
-        from embedcli.io.previous import PreviousOutput
-
-        return PreviousOutput
-    raise AttributeError(name)

@@ -6,7 +6,7 @@ import abc
 import json
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 
@@ -14,7 +14,7 @@ from embedcli.io.commit import (
     os_error,
 )
 
-BatchLike = pa.RecordBatch | pa.Table
+BatchLike: TypeAlias = "pa.RecordBatch | pa.Table"
 
 
 def _str_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:

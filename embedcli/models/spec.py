@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
+from embedcli.models.checkpoint.config_sizes import check_config_sizes
 from embedcli.models.checkpoint.families import FAMILY_FIELDS, read_reranker, read_splade
 from embedcli.models.checkpoint.remote_code import check_loadable
 from embedcli.models.checkpoint.resolve import DEFAULT_MODEL, resolve_model_path
@@ -313,6 +314,23 @@ class _Modules:
     logit_score: dict[str, Any] | None = None  # a causal-LM CrossEncoder's LogitScore config
 
 
+def _check_module_path(folder: Path, module: dict[str, Any], kind: str) -> None:
+    """A module folder named in modules.json must lie inside the model folder (one that exists elsewhere would
+    be used silently; one that does not is a broken layout)."""
+    folder_modules = ST_TYPES["pooling"] + ST_TYPES["dense"] + ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]
+    if kind not in folder_modules:
+        return  # the Transformer reads the model folder itself; Normalize has none; others are refused by type
+    rel = str(module.get("path", ""))
+    target = (folder / rel).resolve()
+    if Path(rel).is_absolute() or not target.is_relative_to(folder.resolve()):
+        raise ConfigRefusedError(
+            f"{folder / 'modules.json'}: module {kind.rpartition('.')[2]} has path {rel!r}, outside the model folder; "
+            "module paths must be folders inside it"
+        )
+    if not target.is_dir():
+        raise ModelConfigError(f"{folder / 'modules.json'}: module {kind.rpartition('.')[2]} folder {rel!r} is missing")
+
+
 def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
     modules_path = folder / "modules.json"
     default_mode = "lasttoken" if base.is_decoder else "cls"
@@ -325,6 +343,7 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
     projector: list[DenseSpec] = []
     family: dict[str, dict[str, Any]] = {}
     for module, kind in zip(modules, types, strict=True):
+        _check_module_path(folder, module, kind)
         if kind in ST_TYPES["pooling"]:
             pooling = read_pooling(folder / module["path"] / "config.json", folder)
         elif kind in ST_TYPES["dense"]:
@@ -416,6 +435,7 @@ def load_model_spec(
     folder = resolve_model_path(model, allow_pickle=allow_pickle)
     base = _read_base_config(folder)
     weights = _weights(folder, allow_pickle)
+    check_config_sizes(folder, base.config, weights)  # absurd sizes: one line now, not an allocator traceback
     mods = _read_modules(folder, base)
     st_cfg = _optional_json(folder / ST_CONFIG)
     head, family = _family(folder, base, mods, st_cfg, reranker)

@@ -23,7 +23,6 @@ from embedcli.pooling.methods import (
     LastPool,
     MeanPool,
     StepPool,
-    get_seq_pooling_method,
     get_tok_pooling_method,
     segment_sum_float32,
 )
@@ -46,6 +45,7 @@ from embedcli.pooling.poolers import (
     pooler_for_token_embed,
 )
 from embedcli.pooling.splade import SpladePooler, splade_activation, to_sparse
+from embedcli.pooling.st_pooling import get_seq_pooling_method
 from embedcli.pooling.token_score import TokenLogitScore
 
 __all__ = [

@@ -86,8 +86,8 @@ class EmbeddingPoolerHead(PoolerHead):
             x = x.to(self.head_dtype)
         if self.projector is not None:
             x = self.projector(x)
-        x = self._slice(x, params)
-        return _apply_per_row(x, [bool(p.use_activation) for p in params], self.activation)
+        sliced = self._slice(x, params)
+        return _apply_per_row(sliced, [bool(p.use_activation) for p in params], self.activation)
 
     @staticmethod
     def _slice(x: torch.Tensor, params: Sequence[PoolingParams]) -> torch.Tensor | list[torch.Tensor]:

@@ -187,23 +187,7 @@ class MeanPool(SequencePoolingMethod):
         return self.finish(self.accumulate(hidden_states, cursor), cursor)
 
 
-_SEQ_METHODS: dict[str, type[SequencePoolingMethod]] = {"CLS": CLSPool, "LAST": LastPool, "MEAN": MeanPool}
-
-
-def get_seq_pooling_method(pooling_type: str, include_prompt: bool = True) -> SequencePoolingMethod:
-    """The sequence pooling method named `CLS`, `LAST`, `MEAN` (vLLM's), or any sentence-transformers mode.
-
-    `MAX`, `MEAN_SQRT_LEN`, `WEIGHTEDMEAN`, several joined by "+" (`CLS+MEAN`, concatenated in that order),
-    and any mode with `include_prompt=False` run as sentence-transformers' `Pooling` does.
-    """
-    if include_prompt and pooling_type in _SEQ_METHODS:
-        return _SEQ_METHODS[pooling_type]()
-    from embedcli.pooling.st_pooling import (  # st_pooling imports this module
-        SentenceTransformerPool,
-        parse_pooling_type,
-    )
-
-    return SentenceTransformerPool(parse_pooling_type(pooling_type), include_prompt)
+SEQ_METHODS: dict[str, type[SequencePoolingMethod]] = {"CLS": CLSPool, "LAST": LastPool, "MEAN": MeanPool}
 
 
 class TokenPoolingMethod(PoolingMethod):
@@ -227,7 +211,7 @@ class AllPool(TokenPoolingMethod):
         cursor = metadata.cursor
         pieces = list(torch.split(hidden_states[: cursor.num_tokens], cursor.num_scheduled_tokens.tolist()))
         if not cursor.is_partial_prefill() and metadata.pooling_states is None:
-            return pieces  # type: ignore[return-value]
+            return pieces  # type: ignore[return-value]  # whole sequences: a list of tensors is the token output
         states = metadata.pooling_states
         if states is None:
             raise RuntimeError("Chunked prefill with ALL pooling needs per-sequence pooling_states")
@@ -307,7 +291,6 @@ __all__ = [
     "PoolingState",
     "RowPartial",
     "StepPool",
-    "get_seq_pooling_method",
     "get_tok_pooling_method",
     "segment_sum_float32",
 ]

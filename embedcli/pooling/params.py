@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from embedcli.errors import PoolingConfigError
+from embedcli.errors import PoolingConfigError as PoolingConfigError
 
 PoolingTask = Literal["embed", "classify", "token_embed", "token_classify", "sparse_embed"]
 POOLING_TASKS: tuple[PoolingTask, ...] = get_args(PoolingTask)
@@ -36,7 +36,7 @@ _STEP_PARAMS = ("step_tag_id", "returned_token_ids")
 def check_task(task: str) -> PoolingTask:
     """Return `task` if it is a pooling task, else raise a ValueError naming the valid ones."""
     if task in POOLING_TASKS:
-        return task  # type: ignore[return-value]
+        return task
     if task in _REMOVED_TASKS:
         raise PoolingConfigError(f"Task {task!r} was removed: {_REMOVED_TASKS[task]}")
     raise PoolingConfigError(f"Unsupported task: {task!r}; pooling tasks are {', '.join(POOLING_TASKS)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import groupby
+from typing import cast
 
 import torch
 from torch import nn
@@ -21,10 +22,10 @@ from embedcli.pooling.methods import (
     PoolingMethod,
     SequencePoolingMethod,
     TokenPoolingMethod,
-    get_seq_pooling_method,
     get_tok_pooling_method,
 )
 from embedcli.pooling.params import POOLING_TASKS, PoolerConfig, PoolingConfigError, PoolingParams, check_task
+from embedcli.pooling.st_pooling import get_seq_pooling_method
 
 PoolerOutput = torch.Tensor | list[torch.Tensor | None]
 
@@ -69,7 +70,7 @@ class _MethodHeadPooler(Pooler):
             )
 
     def get_supported_tasks(self) -> set[str]:
-        return set(POOLING_TASKS) & self.method.get_supported_tasks() & self.head.get_supported_tasks()
+        return set[str](POOLING_TASKS) & self.method.get_supported_tasks() & self.head.get_supported_tasks()
 
     def requires_token_ids(self) -> bool:
         return self.method.requires_token_ids()
@@ -136,20 +137,20 @@ class DispatchPooler(Pooler):
                     f"{type(pooler).__name__} registered for task {task!r} does not support it "
                     f"(it supports {', '.join(sorted(pooler.get_supported_tasks())) or 'nothing'})"
                 )
-        self.poolers_by_task = nn.ModuleDict(dict(poolers_by_task))
+        self.poolers_by_task: nn.ModuleDict = nn.ModuleDict(dict(poolers_by_task))
 
     def get_supported_tasks(self) -> set[str]:
         return set(self.poolers_by_task.keys())
 
     def requires_token_ids(self) -> bool:
-        return any(p.requires_token_ids() for p in self.poolers_by_task.values())
+        return any(cast(Pooler, p).requires_token_ids() for p in self.poolers_by_task.values())
 
     def pooler_for(self, task: str | None) -> Pooler:
         """The pooler that serves `task`, or a ValueError naming the tasks there are."""
-        if task not in self.poolers_by_task:
+        if task is None or task not in self.poolers_by_task:
             supported = ", ".join(sorted(self.poolers_by_task))
             raise ValueError(f"Unsupported task: {task!r}; this model supports {supported}")
-        return self.poolers_by_task[task]  # type: ignore[index]
+        return cast(Pooler, self.poolers_by_task[task])
 
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> PoolerOutput:
         tasks = metadata.tasks

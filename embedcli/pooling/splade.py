@@ -78,7 +78,7 @@ class SpladePooler(Pooler):
     def get_supported_tasks(self) -> set[str]:
         return set(self.supported_tasks)
 
-    def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> list[SparseVector]:
+    def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> list[SparseVector]:  # type: ignore[override]  # sparse (indices, values) pairs, not dense rows
         cursor = metadata.cursor
         if cursor.is_partial_prefill():
             # Sliced prefill is for decoders; a masked LM's sequences are always whole in one forward.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from embedcli.pooling.metadata import PoolingCursor, PoolingMetadata
-from embedcli.pooling.methods import MEAN_POOL_CHUNK_BYTES, Partial, SequencePoolingMethod
+from embedcli.pooling.methods import MEAN_POOL_CHUNK_BYTES, SEQ_METHODS, Partial, SequencePoolingMethod
 
 # sentence-transformers' mode names, in the order its legacy `pooling_mode_*` booleans concatenate.
 ST_POOLING_MODES: tuple[str, ...] = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -60,11 +60,11 @@ class SegmentAccumulator:
             a, b = getattr(self, name), getattr(later, name)
             setattr(out, name, None if a is None else a + b)
         if self.maximum is not None:
-            out.maximum = torch.maximum(self.maximum, later.maximum)  # type: ignore[arg-type]
+            out.maximum = torch.maximum(self.maximum, later.maximum)  # type: ignore[arg-type]  # the accumulator's field is set for every mode in use
         if self.first is not None:
-            keep = self.has_first.unsqueeze(-1)  # type: ignore[union-attr]
-            out.first = torch.where(keep, self.first, later.first)  # type: ignore[arg-type]
-            out.has_first = self.has_first | later.has_first  # type: ignore[operator]
+            keep = self.has_first.unsqueeze(-1)  # type: ignore[union-attr]  # the accumulator's field is set for every mode in use
+            out.first = torch.where(keep, self.first, later.first)  # type: ignore[arg-type]  # the accumulator's field is set for every mode in use
+            out.has_first = self.has_first | later.has_first  # type: ignore[operator]  # the accumulator's field is set for every mode in use
         if self.last is not None:
             out.last = later.last
         return out
@@ -128,7 +128,9 @@ class SentenceTransformerPool(SequencePoolingMethod):
         n, h, device = len(cursor), hidden_states.shape[-1], hidden_states.device
         modes = set(self.modes)
         acc = SegmentAccumulator()
-        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=device)  # noqa: E731
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float32, device=device)
+
         if modes & {"mean", "mean_sqrt_len_tokens"}:
             acc.total, acc.count = zeros(n, h), zeros(n)
         if "weightedmean" in modes:
@@ -185,18 +187,18 @@ class SentenceTransformerPool(SequencePoolingMethod):
         out: list[torch.Tensor] = []
         for mode in self.modes:
             if mode == "cls":
-                out.append(acc.first)  # type: ignore[arg-type]
+                out.append(acc.first)  # type: ignore[arg-type]  # the accumulator's field is set for every mode in use
             elif mode == "lasttoken":
-                out.append(acc.last)  # type: ignore[arg-type]
+                out.append(acc.last)  # type: ignore[arg-type]  # the accumulator's field is set for every mode in use
             elif mode == "max":
                 # sentence-transformers gives -inf for a sequence with no kept token; zeros keep the row finite.
                 m = acc.maximum
-                out.append(torch.where(torch.isinf(m), torch.zeros_like(m), m))  # type: ignore[arg-type]
+                out.append(torch.where(torch.isinf(m), torch.zeros_like(m), m))  # type: ignore[arg-type]  # the accumulator's field is set for every mode in use
             elif mode == "weightedmean":
-                out.append(acc.weighted / acc.weight.clamp(min=_MIN_COUNT).unsqueeze(-1))  # type: ignore[union-attr,operator]
+                out.append(acc.weighted / acc.weight.clamp(min=_MIN_COUNT).unsqueeze(-1))  # type: ignore[union-attr,operator,arg-type]  # set when the mode is
             else:
-                count = acc.count.clamp(min=_MIN_COUNT).unsqueeze(-1)  # type: ignore[union-attr]
-                out.append(acc.total / (count if mode == "mean" else count.sqrt()))  # type: ignore[operator]
+                count = acc.count.clamp(min=_MIN_COUNT).unsqueeze(-1)  # type: ignore[union-attr]  # the accumulator's field is set for every mode in use
+                out.append(acc.total / (count if mode == "mean" else count.sqrt()))  # type: ignore[operator,arg-type]  # set when the mode is
         return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata | PoolingCursor) -> torch.Tensor:
@@ -218,3 +220,14 @@ def parse_pooling_type(pooling_type: str) -> tuple[str, ...]:
 def pooling_type_of(modes: Sequence[str]) -> str:
     """The `seq_pooling_type` naming sentence-transformers `modes` (joined by "+" in their order)."""
     return "+".join(ST_MODE_TYPES[m] for m in modes)
+
+
+def get_seq_pooling_method(pooling_type: str, include_prompt: bool = True) -> SequencePoolingMethod:
+    """The sequence pooling method named `CLS`, `LAST`, `MEAN` (vLLM's), or any sentence-transformers mode.
+
+    `MAX`, `MEAN_SQRT_LEN`, `WEIGHTEDMEAN`, several joined by "+" (`CLS+MEAN`, concatenated in that order),
+    and any mode with `include_prompt=False` run as sentence-transformers' `Pooling` does.
+    """
+    if include_prompt and pooling_type in SEQ_METHODS:
+        return SEQ_METHODS[pooling_type]()
+    return SentenceTransformerPool(parse_pooling_type(pooling_type), include_prompt)

@@ -18,6 +18,9 @@ from embedcli.errors import PoolingConfigError
 class TokenLogitScore(nn.Module):
     """`[n, hidden]` last hidden states → `[n, 1]`: `logit[true] - logit[false]`, or `logit[token]` for one token."""
 
+    rows: torch.Tensor  # buffers, registered in __init__
+    bias: torch.Tensor | None
+
     def __init__(self, rows: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         if rows.ndim != 2 or rows.shape[0] not in (1, 2):

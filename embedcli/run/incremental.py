@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from embedcli.errors import UsageError
 from embedcli.io.manifest import KEY_CONFIG, KEY_INPUT_OPTIONS, KEY_MODEL, output_metadata
-from embedcli.io.shards import PreviousOutput, row_keys
+from embedcli.io.previous import PreviousOutput
+from embedcli.io.shards import row_keys
 from embedcli.io.writers import output_format
 from embedcli.run.checks import Work
 from embedcli.run.flags import RunFlags
@@ -66,6 +67,11 @@ def config_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
         changes.append(f"-m/--model: {old.get('embedcli.model')} → {new.get('embedcli.model')}")
     elif old.get(KEY_MODEL) != new.get(KEY_MODEL):
         changes.append(f"the model's files changed (content hash {old.get(KEY_MODEL)} → {new.get(KEY_MODEL)})")
+    made_by = [_json(m.get("embedcli.config")) or {} for m in (old, new)]
+    for name in ("command", "task"):
+        if made_by[0].get(name) != made_by[1].get(name):  # another command's output: its settings do not compare
+            return [*changes, f"made by another command ({name}: {_shown(made_by[0].get(name))} → "
+                              f"{_shown(made_by[1].get(name))})"]
     for key in ("embedcli.config", KEY_INPUT_OPTIONS):
         before, after = _json(old.get(key)), _json(new.get(key))
         if before is None or after is None:

@@ -18,21 +18,44 @@ from embedcli.run.flags import RunFlags
 class EngineStats(Protocol):
     """What the loop reads from an engine's counters (`embedcli.compute.runner.RunStats`)."""
 
-    rows: int
-    tokens: int
-    truncated_rows: int
+    @property
+    def rows(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def truncated_rows(self) -> int: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """Turns batches of inputs into one result per batch, in order: the local `Runner` or `RayRunner`."""
+    """Turns batches of inputs into one result per batch, in order: the local `Runner`, `RayRunner`,
+    `LazyEngine`, run-batch's `UnitEngine` (mypy checks each against this protocol where a `Job` is made)."""
 
-    stats: EngineStats
-    max_length: int
+    @property
+    def stats(self) -> EngineStats: ...
+    @property
+    def max_length(self) -> int: ...
 
-    def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]: ...
+    def map(self, batches: Iterable[Any]) -> Iterator[Any]: ...
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Where the loop writes committed rows: `embedcli.io.shards.ShardStore` (staged, resumable) or
+    `embedcli.run.sinks.StdoutSink` (`-o -`)."""
+
+    def write(self, table: Any, keys: Any) -> None: ...  # keys: np.ndarray of row keys, or None
+
+    def add_errors(self, records: list[dict[str, Any]]) -> None: ...
+
+    @property
+    def pending_errors(self) -> list[dict[str, Any]]: ...
+
+    def commit(self, records_end: int) -> object: ...
+
+    def abort(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +73,7 @@ class RowCodec(Protocol):
     """A command's rows: the engine's inputs of a batch, the output table of a batch's result (or `Rows`),
     the empty output."""
 
-    def inputs(self, batch: Any) -> Sequence[Any]: ...
+    def inputs(self, batch: Any) -> Any: ...
 
     def table(self, batch: Any, result: Any) -> Any: ...
 
@@ -84,3 +107,4 @@ class Job:
     target: Target
     flags: RunFlags = field(default_factory=RunFlags)
     reporting: Reporting = field(default_factory=Reporting)
+

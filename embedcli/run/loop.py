@@ -40,7 +40,7 @@ from embedcli.errors import (
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
-from embedcli.run.job import Job, Rows
+from embedcli.run.job import Job, Rows, Sink
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
@@ -172,7 +172,7 @@ class Pipeline:
         self.report.summary(self.job.engine, self.report.new_errors, sink.rows, self.flags.errors_file)
         return EXIT_SKIPPED if self.report.new_errors else EXIT_OK
 
-    def guarded_loop(self, sink: Any, skip: int, errors: Callable[[], Iterable[dict[str, Any]]]) -> None:
+    def guarded_loop(self, sink: Sink, skip: int, errors: Callable[[], Iterable[dict[str, Any]]]) -> None:
         """The loop, then `--errors-file` with every bad row (`errors()`) and the row that stopped the run."""
         fatal: list[dict[str, Any]] = []
         try:
@@ -185,7 +185,7 @@ class Pipeline:
             self.report.write_errors_file(self.flags.errors_file, [*errors(), *fatal])
 
     # -- the loop ------------------------------------------------------------------------------------
-    def _loop(self, sink: Any, skip: int) -> None:
+    def _loop(self, sink: Sink, skip: int) -> None:
         report, engine, codec = self.report, self.job.engine, self.job.codec
         report.resumed_records = report.records_done = skip
         errors_before = self._errors_before = self.manifest.errors if self.manifest is not None else 0
@@ -216,11 +216,13 @@ class Pipeline:
                 self._commit_quietly(sink)
             raise
         finally:
-            results.close()
+            close = getattr(results, "close", None)  # a generator: join the engine's prefetch thread
+            if close is not None:
+                close()
             progress.close()
             report.progress = None
 
-    def _drive(self, sink: Any, results: Iterator[Any], held: deque[Work], stop: StopFlag) -> None:
+    def _drive(self, sink: Sink, results: Iterator[Any], held: deque[Work], stop: StopFlag) -> None:
         """Write each result, commit every `--shard-rows` records or `--commit-every` seconds, stop on a signal."""
         report, flags = self.report, self.flags
         last_commit = time.monotonic()
@@ -253,7 +255,7 @@ class Pipeline:
                 last_commit, since_commit = now, 0
         self._commit(sink)
 
-    def _stopped(self, sink: Any, stop: StopFlag) -> NoReturn:
+    def _stopped(self, sink: Sink, stop: StopFlag) -> NoReturn:
         """Commit what is written, say so, and stop (exit 130)."""
         self._commit(sink)
         assert self.report.progress is not None
@@ -263,7 +265,7 @@ class Pipeline:
         )
         raise KeyboardInterrupt(stop.signal_name)
 
-    def _write(self, sink: Any, work: Work, result: Any) -> list[InputError]:
+    def _write(self, sink: Sink, work: Work, result: Any) -> list[InputError]:
         """Write a work item's rows; returns the rows the codec answered as bad (see `Rows`)."""
         computed = None
         answered: list[InputError] = []
@@ -299,12 +301,12 @@ class Pipeline:
             fix="fix the input, or raise --max-errors; the rows committed so far are kept",
         )
 
-    def _commit(self, sink: Any) -> None:
+    def _commit(self, sink: Sink) -> None:
         t0 = time.perf_counter()
         sink.commit(self.report.records_done)
         self.report.seconds["write"] += time.perf_counter() - t0
 
-    def _commit_quietly(self, sink: Any) -> None:
+    def _commit_quietly(self, sink: Sink) -> None:
         """Commit finished batches on the way out of a failure; a failing commit is dropped."""
         try:
             sink.commit(self.report.records_done)

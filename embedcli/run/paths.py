@@ -81,3 +81,14 @@ def check_no_clobber(
         for other_flag, other in written[:i]:
             if _same(path, other) or (other_flag == "-o" and output_is_dir and _inside(path, other)):
                 raise UsageError(f"{flag} {path} is also {other_flag} {other}: give each its own path")
+
+
+def check_foreign_file(path: str) -> None:
+    """UsageError (exit 2) when `-o path` is a non-empty file that carries no embedcli metadata: a file
+    embedcli never wrote is not replaced without `--overwrite`."""
+    if path == STDIN or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    raise UsageError(
+        f"{path} exists and was not written by embedcli (it has no embedcli metadata); "
+        "pass --overwrite to replace it, or choose another -o"
+    )

@@ -79,6 +79,7 @@ def repair_missing_shards(job: Job, run_job: Callable[[Job], int]) -> list[str]:
                 fix="the inputs may have changed: rerun with --overwrite",
             )
         new = made.shards[0]
+        assert new.file is not None and s.file is not None  # a shard with rows has a data file
         moves = [(new.file, s.file)]
         if s.index and new.index and not os.path.isfile(os.path.join(out, s.index)):
             moves.append((new.index, _index_name(s.number)))

@@ -1,4 +1,4 @@
-"""SIGINT/SIGTERM handling for unattended runs: commit the batches written, exit 130, within seconds.
+"""SIGINT/SIGTERM/SIGHUP handling for unattended runs: commit the batches written, exit 130, within seconds.
 
 Two layers:
 
@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP (the terminal or ssh session went away) stops a run as SIGTERM does: commit, exit 130.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _main_thread() -> bool:
@@ -33,15 +34,16 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block SIGTERM behaves like SIGINT (KeyboardInterrupt), so both map to exit 130."""
+    """Within the block SIGTERM and SIGHUP behave like SIGINT (KeyboardInterrupt), so all map to exit 130."""
     if not _main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopNow(KeyboardInterrupt):

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.errors import STDIN, InputError, UsageError
+from embedcli.io.fingerprint import rereadable
 from embedcli.io.parquet_reader import id_type as parquet_id_type
 from embedcli.io.reader_base import id_array, kept_arrays
 from embedcli.io.readers import (
@@ -218,3 +219,19 @@ class BatchSource:
                 return None
             total += n
         return total
+
+
+def check_head(source: BatchSource) -> None:
+    """Before the model loads: read each file input up to its first record, so a missing column, a wrong
+    format or an unreadable file is said now, not after the whole start (~500 MB of model). Bad rows are
+    left to the run; stdin is not read here (reading it would consume it)."""
+    for path in source.paths():
+        if path == STDIN or not rereadable(path):
+            continue
+        reader = source.open([path], batch_rows=1, on_bad_row=lambda _e: None)
+        try:
+            next(reader, None)
+        finally:
+            close = getattr(reader, "close", None)
+            if close is not None:
+                close()

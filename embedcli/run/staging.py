@@ -20,6 +20,7 @@ from embedcli.io.manifest import (
     KEY_CONFIG,
     KEY_CONFIG_KEY,
     KEY_ERRORS,
+    KEY_INPUT_OPTIONS,
     KEY_INPUTS,
     KEY_JOB,
     KEY_MODEL,
@@ -42,6 +43,7 @@ from embedcli.io.shards import (
     remove_tmp_files,
 )
 from embedcli.run.incremental import describe_config_change
+from embedcli.run.paths import check_foreign_file
 
 if TYPE_CHECKING:  # the pipeline drives this module and is passed in; no import at run time
     from embedcli.run.loop import Pipeline
@@ -66,12 +68,13 @@ def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: An
         shutil.rmtree(root, ignore_errors=True)
     skipped = int(existing.get(KEY_SKIPPED, "0") or 0)
     rows = existing.get(KEY_ROWS, "?")
-    p.note(f"{p.output.path} is already complete ({rows} rows, same inputs and config): nothing to do")
+    also = f"; {skipped} bad rows were skipped when it was made" if skipped else ""
+    p.note(f"{p.output.path} is already complete ({rows} rows, same inputs and config{also}): nothing to do")
     report = p.report
     report.records_done = report.resumed_records = int(existing.get("embedcli.input_records", "0") or 0)
     report.rows = int(rows) if str(rows).isdigit() else 0
     report.skipped = skipped
-    return EXIT_SKIPPED if skipped else EXIT_OK
+    return EXIT_OK  # README: 0 when the output was already complete, whatever its run skipped
 
 
 def _json_list(value: str | None) -> list[dict[str, Any]] | None:
@@ -98,6 +101,8 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
             p.note(f"{target.path} was made from other inputs ({why}): computing every row "
                    "(--incremental would carry unchanged rows over)")
         return False
+    if existing is None and target.mode == "file" and not overwrite and Manifest.load(staging_dir(target.path)) is None:
+        check_foreign_file(target.path)  # a kill between a first JSONL commit's two renames left staging behind
     if existing is None and target.mode == "dir" and os.path.isdir(target.path):
         if os.listdir(target.path) and not overwrite:
             raise UsageError(
@@ -107,11 +112,19 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     return False
 
 
+def _staged_meta(manifest: Manifest) -> dict[str, str]:
+    """The metadata of staged work as an output's: its config plus the input options the manifest keeps apart
+    (without them every refusal listed a false `input options: None → {...}`)."""
+    meta = dict(manifest.metadata or manifest.config)
+    meta.setdefault(KEY_INPUT_OPTIONS, json.dumps(manifest.input_options, sort_keys=True))
+    return meta
+
+
 def _refuse_other_config(root: str, manifest: Manifest, cfg_key: str, meta: dict[str, str]) -> None:
     if manifest.config_key != cfg_key:
         raise UsageError(
             f"{root} holds the work of an interrupted run with a different config "
-            f"({describe_config_change(manifest.metadata or manifest.config, meta)}); "
+            f"({describe_config_change(_staged_meta(manifest), meta)}); "
             "rerun that command to finish it, or pass --overwrite to discard it"
         )
 
@@ -211,7 +224,8 @@ def run_staged(p: Pipeline) -> int:
     try:
         existing = output_metadata(target.path, None if target.mode == "dir" else p.job.target.fmt)
         if _check_existing(p, existing):
-            return _already_complete(p, existing, root, lock)  # type: ignore[arg-type]
+            assert existing is not None  # complete means there is an output
+            return _already_complete(p, existing, root, lock)
         manifest, created_manifest = _resume_or_start(p, root)
         p.manifest = manifest
         store = p.store = ShardStore(root, manifest, p.meta, target.path)

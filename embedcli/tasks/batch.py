@@ -8,8 +8,9 @@ one-text requests cost what `embed` over the same 2,000 texts costs); `BatchCode
 input order, and reports the 400 lines as bad rows (`embedcli.run.job.Rows`). The lines are committed like
 any command's rows (format `lines`): staging, manifest, resume, `--shard`, progress and `--stats` are the
 loop's. Duplicate `custom_id`s are judged over the whole file by a pre-pass, so every shard and every resume
-sees the same duplicates; `created` is the input file's modification time and the ids are hashes of the run's
-config and the line number, so a resumed run writes the same bytes as an uninterrupted one.
+sees the same duplicates; `created` is the input file's modification time when the run first started (a
+resumed run takes the staged run's, even if the file was rewritten with the same bytes since) and the ids are
+hashes of the run's config and the line number, so a resumed run writes the same bytes as an uninterrupted one.
 
 What each route computes (vLLM's semantics; whitespace is kept, as vLLM does): `/v1/embeddings`,
 `/classify` and `/pooling` apply no prompt; `/v2/embed` prepends its `input_type`'s prompt; `/score` and
@@ -47,6 +48,8 @@ from embedcli.batchapi import (
 )
 from embedcli.compute.runner import RunnerOptions
 from embedcli.errors import STDIN, InputError, UsageError
+from embedcli.io.fingerprint import fingerprint_identity, input_fingerprints
+from embedcli.io.manifest import Manifest, staging_dir
 from embedcli.io.writers import LINES
 from embedcli.quantize import make_quantizer
 from embedcli.run.execute import run_job
@@ -66,6 +69,7 @@ from embedcli.tasks.common import (
 from embedcli.tasks.pairs import resolve_method
 
 RESPONSE_COL = "response"
+KEY_CREATED = "embedcli.batch_created"
 _POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify", "sparse_embed")
 
 
@@ -128,6 +132,30 @@ class BatchCodec:
 # -- the job ----------------------------------------------------------------------------------------
 
 
+def vocab_size(model: Any) -> int | None:
+    """The rows of the loaded backbone's token embedding: request token ids must be below it."""
+    backbone = model.backbone
+    getter = getattr(backbone, "get_input_embeddings", None)
+    table = getter() if callable(getter) else None
+    if table is None:
+        table = next((m for m in backbone.modules() if hasattr(m, "num_embeddings")), None)
+    rows = getattr(table, "num_embeddings", None)
+    return int(rows) if isinstance(rows, int) and rows > 0 else None
+
+
+def resumed_created(output: str, path: str) -> int | None:
+    """`created` of the interrupted run of this same request file staged at `output` (judged by content, as
+    resume is), so a resumed output never mixes two: the file may have been rewritten with the same bytes."""
+    manifest = Manifest.load(staging_dir(output)) if output != STDIN else None
+    if manifest is None or not manifest.inputs or KEY_CREATED not in manifest.config:
+        return None
+    now = input_fingerprints([path])
+    if now is None or [fingerprint_identity(f) for f in manifest.inputs] != [fingerprint_identity(f) for f in now]:
+        return None
+    value = manifest.config[KEY_CREATED]
+    return int(value) if value.isdigit() else None
+
+
 def _served_score_method(spec: Any, method: str) -> str | None:
     """`--method` as resolved for /score and /rerank; None when the model cannot score (auto only)."""
     try:
@@ -147,7 +175,7 @@ def run_batch(
         raise UsageError("run-batch reads a file (duplicate custom_ids are judged over the whole file); not stdin")
     if flags.incremental or flags.shards_dir:
         raise UsageError("run-batch writes one JSONL file of response lines: --incremental and --shards-dir do not apply")
-    check_target(output.path, flags)
+    check_target(output.path, flags, [path], output.stats_file)  # -o, --stats vs the request file, before loading
     inputs = InputOptions([path], fmt="txt")
     source = BatchSource(inputs)
     source.paths()  # a missing file is an input error before the model loads
@@ -157,13 +185,14 @@ def run_batch(
     default_task = next(t for t in _POOLING_TASKS if t in spec.tasks)
     base = RunnerOptions(
         task=default_task, max_batch_tokens=opts.max_batch_tokens, strip=False,
-        truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+        truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
     )
     runner = build(spec, choice, base, logit_mean=mean, logit_sigma=sigma)
     engine = unit_engine(runner, method, engine=flags.engine, address=flags.ray_address, workers=flags.workers,
                          gpus_per_worker=flags.gpus_per_worker)
     names = (choice.model, os.path.basename(os.path.normpath(choice.model))) if choice.model else ()
-    served = ServedModel.from_spec(spec, names=tuple(n for n in names if n), score_method=method)
+    served = ServedModel.from_spec(spec, names=tuple(n for n in names if n), score_method=method,
+                                   vocab_size=vocab_size(runner.model))
     ranges = make_quantizer("int8", opts.calibration).ranges if opts.calibration else None
     meta = provenance(runner.model, runner, {
         "command": "run-batch", "score_method": method, "logit_mean": mean, "logit_sigma": sigma,
@@ -171,7 +200,8 @@ def run_batch(
     })
     with open(path, encoding="utf-8", errors="replace") as f:
         seen = scan_custom_ids(f)
-    created = int(os.stat(path).st_mtime)
+    created = resumed_created(output.path, path) or int(os.stat(path).st_mtime)
+    meta[KEY_CREATED] = str(created)  # outside the config key; kept in the manifest for a resumed run
     seed = f"{meta['embedcli.config_hash']}\0{os.path.basename(path)}"
     codec = BatchCodec(served, seen, ResponseContext(served, created, seed, ranges))
     target, reporting = Target(output.path, LINES), Reporting(output.quiet, output.stats_file)

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class UnitEngine:
         options = dataclasses.replace(
             self.base, task=task, max_length=max_length, dimensions=params.dimensions,
             normalize=params.use_activation if embeds else None,
-            truncation_side=params.truncation_side or self.base.truncation_side,  # type: ignore[arg-type]
+            truncation_side=params.truncation_side or self.base.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         )
         runner = Runner(self.model, options)
         if task in ("classify", "token_classify") and params.use_activation is not None:
@@ -130,8 +130,8 @@ class UnitEngine:
                 runner = self.runner(PAIR_TASK[method], params)
                 # An LLM reranker's pair is one templated prompt, cut on the document side as `score` cuts it.
                 scorer = PairScorer(runner, method, self.prompts, pair_format=self._pair_format(runner))
-                pairs = [units[i].input for i in positions]
-                inputs = scorer.pair_inputs([p[0] for p in pairs], [p[1] for p in pairs])  # type: ignore[index]
+                pairs = [cast(tuple[str, str], units[i].input) for i in positions]  # score units are (left, right)
+                inputs = scorer.pair_inputs([p[0] for p in pairs], [p[1] for p in pairs])
                 groups.append(_Group(task, positions, runner, self._encode(runner, inputs), scorer))
             else:
                 runner = self.runner(task, params)
@@ -148,12 +148,12 @@ class UnitEngine:
             if g.scorer is not None:
                 scores = g.scorer.pair_scores(result, m)
                 tokens = lengths if g.scorer.method == "cross-encoder" else lengths[:m] + lengths[m:]
-                values: Sequence[Any] = scores
+                values: Any = scores
             else:
-                tokens, values = lengths, result  # type: ignore[assignment]
+                tokens, values = lengths, result
             for k, i in enumerate(g.positions):
                 out[i] = UnitResult(values[k], int(tokens[k]))
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # every position belongs to exactly one group
 
     def map(self, batches: Iterable[Any]) -> Iterator[ChunkResult]:
         """One `ChunkResult` per block, in order; the next block is parsed and tokenized while this one runs."""
@@ -223,7 +223,7 @@ class RayUnitEngine(RayRunner):
         ray.get([a.ready.remote() for a in actors])
         return actors
 
-    def map(self, batches: Iterable[Any]) -> Iterator[ChunkResult]:  # type: ignore[override]
+    def map(self, batches: Iterable[Any]) -> Iterator[ChunkResult]:
         """One `ChunkResult` per block, in order."""
         held: deque[Chunk | None] = deque()
 

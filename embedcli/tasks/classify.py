@@ -15,7 +15,7 @@ from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
+from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -85,6 +85,7 @@ def run_classify(
     """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs))  # a missing column is said before the model loads
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")
     if not 1 <= opts.top_k <= spec.num_labels:
@@ -94,8 +95,8 @@ def run_classify(
         spec,
         choice.options(activation=activation(opts.activation), logit_mean=mean, logit_sigma=sigma),
         RunnerOptions(
-            task="classify", max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]
-            truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]
+            task="classify", max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
+            truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         ),
     )
     codec = ClassifyCodec(np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols))

@@ -194,7 +194,7 @@ def planned_engine(
     return LazyEngine(build, plan.max_length, recipe.runner_options.token_budget("cpu")), meta, plan
 
 
-class RowInputs(list):  # type: ignore[type-arg]
+class RowInputs(list[Any]):
     """Runner inputs made from one input batch; `locate(i)` names the file, line/row and id of input `i`."""
 
     def __init__(self, items: Iterable[Any], batch: Any, row_of: Callable[[int], int] | None = None) -> None:

@@ -15,13 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.compute.build import embed_recipe
-from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.errors import EXIT_OK, UsageError
 from embedcli.io.manifest import (
     KEY_COMPLETE,
     KEY_CONFIG_KEY,
     KEY_INPUT_OPTIONS,
     KEY_JOB,
-    KEY_SKIPPED,
     config_key,
     index_sidecar,
     job_key,
@@ -33,7 +32,8 @@ from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
+from embedcli.run.paths import check_foreign_file
+from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
@@ -104,6 +104,7 @@ def run_embed(
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs))  # a missing column is said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,
@@ -177,6 +178,8 @@ def _finished_quantized(job: Job) -> int | None:
     """Exit code when the output already holds this job's complete result; UsageError if made otherwise."""
     source, target = job.source, job.target
     existing = output_metadata(target.path, target.fmt)
+    if existing is None and not job.flags.overwrite and not os.path.exists(os.path.abspath(target.path) + SPOOL_SUFFIX):
+        check_foreign_file(target.path)  # with its spool beside it, a kill cut the last commit's renames
     if existing is None or job.flags.overwrite or not isinstance(source, BatchSource):
         return None
     cfg = config_key(job.provenance, source.options(), "parquet")
@@ -186,7 +189,7 @@ def _finished_quantized(job: Job) -> int | None:
     if existing.get(KEY_JOB) == job_key(cfg, source.fingerprints(source.paths())) and existing.get(KEY_COMPLETE) == "true":
         if not job.reporting.quiet:
             print(f"embedcli: {target.path} is already complete (same inputs and config): nothing to do", file=sys.stderr)
-        return EXIT_SKIPPED if int(existing.get(KEY_SKIPPED, "0") or 0) else EXIT_OK
+        return EXIT_OK  # README: 0 when the output was already complete, whatever its run skipped
     return None
 
 

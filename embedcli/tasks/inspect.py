@@ -114,7 +114,8 @@ def _inspect_dir(path: str, report: dict[str, Any]) -> None:
     if manifest is None:
         report["problems"].append("no readable _embedcli/manifest.json: not an embedcli shard directory")
         return
-    meta = manifest.metadata or {KEY_CONFIG: manifest.config.get(KEY_CONFIG), KEY_MODEL: manifest.config.get(KEY_MODEL)}
+    meta = manifest.metadata or {KEY_CONFIG: manifest.config.get(KEY_CONFIG) or "",
+                                 KEY_MODEL: manifest.config.get(KEY_MODEL) or ""}
     report["metadata"] = meta
     listed = {s.file for s in manifest.shards if s.file}
     rows = 0

@@ -43,7 +43,8 @@ from embedcli.io.manifest import (
 )
 from embedcli.io.writers import check_output_path, open_writer
 from embedcli.run.ids import IdSet
-from embedcli.run.paths import check_no_clobber
+from embedcli.run.incremental import describe_config_change
+from embedcli.run.paths import check_foreign_file, check_no_clobber
 from embedcli.tasks.inspect import inspect_output
 
 
@@ -169,6 +170,19 @@ def _data_files(path: str) -> list[str]:
     return [path]
 
 
+def _check_existing(output: str, fmt: str | None, meta: dict[str, str], force: bool) -> None:
+    """The rule of every command's -o: an output of another config, or a file embedcli never wrote, is not
+    replaced (exit 2) unless `force`."""
+    if force:
+        return
+    existing = output_metadata(output, fmt)
+    if existing is None:
+        check_foreign_file(output)
+    elif existing.get(KEY_CONFIG) != meta.get(KEY_CONFIG) or existing.get(KEY_MODEL) != meta.get(KEY_MODEL):
+        raise UsageError(f"{output} was made with a different config ({describe_config_change(existing, meta)}); "
+                         "pass --force to replace it, or choose another -o")
+
+
 def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, force: bool = False) -> dict[str, Any]:
     """Join a complete set of shard outputs into `output` in input order (atomic write); returns a summary.
 
@@ -202,6 +216,7 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
         KEY_COMPLETE: "true",
         "embedcli.merged_from": json.dumps([p for _, p in metas]),
     })
+    _check_existing(output, fmt, meta, force)
     files = [f for _, m in metas for f in _data_files(m)]
     schema = pq.read_schema(files[0]).remove_metadata()
     writer = open_writer(output, schema, meta, fmt=fmt)
@@ -218,8 +233,8 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
                         t = t.select(schema.names).cast(schema)
                     if "id" in t.column_names:
                         batch_ids = [str(i) for i in t.column("id").to_pylist()]
-                        rows = [f"row {written + j}" for j in range(len(batch_ids))]
-                        for j, _ in ids.add(output, batch_ids, rows)[: 5 - len(repeated)]:
+                        where = [f"row {written + j}" for j in range(len(batch_ids))]
+                        for j, _ in ids.add(output, batch_ids, where)[: 5 - len(repeated)]:
                             repeated.append(batch_ids[j])
                     writer.write(t)
                     written += t.num_rows

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -18,16 +19,17 @@ from embedcli.compute.options import RunnerOptions
 from embedcli.errors import EXIT_OK, InputError, UsageError
 from embedcli.io.reader_base import id_array
 from embedcli.io.readers import read_inputs
-from embedcli.io.writers import open_writer
 from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
+from embedcli.run.job import Reporting, Target
 from embedcli.run.progress import Progress
 from embedcli.run.report import RunReport, peak_rss_mb, write_stats
 from embedcli.run.source import (
     BatchSource,
     InputOptions,
+    check_head,
     empty_batch,
     id_column,
     id_type_of,
@@ -36,6 +38,7 @@ from embedcli.run.source import (
     with_kept,
 )
 from embedcli.run.target import check_target
+from embedcli.run.whole import WholeJob, WholeOutput, check_whole
 from embedcli.scoring import METHODS, PairScorer, TopN, pair_prompts
 from embedcli.tasks.common import (
     ModelChoice,
@@ -45,7 +48,6 @@ from embedcli.tasks.common import (
     load_spec,
     make_job,
     planned_engine,
-    provenance,
     runner_recipe,
 )
 
@@ -137,7 +139,7 @@ def pair_recipe(spec: ModelSpec, choice: ModelChoice, opts: PairOptions, method:
         extra = {"logit_mean": mean, "logit_sigma": sigma, "activation": "none" if opts.raw_scores else None}
     options = RunnerOptions(
         task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
-        long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+        long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         strip=False, normalize=False if (method == "maxsim" and opts.raw_scores) else None,
     )
     return runner_recipe(spec, choice, options, **extra)
@@ -228,6 +230,7 @@ def run_score(
         source = BatchSource(replace(inputs, text_col=opts.right_col))
     else:
         source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
+    check_head(source)  # a missing column is said before the model loads
     codec = ScoreCodec(opts, tuple(inputs.keep_cols))
     query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
     model_options = recipe.model_options
@@ -250,10 +253,16 @@ def read_queries(opts: QueryChoice, command: str = "rerank") -> list[tuple[str, 
     if opts.query is not None:
         return [("query", opts.query)]
     out: list[tuple[str, str]] = []
-    for batch in read_inputs([opts.queries], text_col=opts.query_col, id_col=opts.query_id_col):  # type: ignore[list-item]
+    first: dict[str, str] = {}
+    queries_file: str = opts.queries  # type: ignore[assignment]  # not None: exactly one of the two was given
+    for batch in read_inputs([queries_file], text_col=opts.query_col, id_col=opts.query_id_col):
         for loc, rid, text in zip(batch.locations, batch.ids, batch.texts, strict=True):
             if text is None:
                 raise InputError(batch.source, "query text is null", location=loc, record_id=rid)
+            if rid in first:  # `--group-col query_id` would score one query's candidates against another
+                raise InputError(batch.source, f"duplicate query id {rid!r} (first at {first[rid]})", location=loc,
+                                 record_id=rid, fix="give every query a unique id (or pass --query-id-col)")
+            first[rid] = loc
             out.append((rid, text))
     return out
 
@@ -301,6 +310,11 @@ class Documents:
         return self.table("", np.zeros(0, np.float32), np.zeros(0, np.int64))
 
 
+def _modulo(i: int, n: int) -> int:
+    """The input row of pair `i` when a batch's `n` rows repeat (one block per query)."""
+    return i % n
+
+
 def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
     """Per row of a grouped-candidates batch, the position of its query in --queries (InputError if unknown)."""
     out = np.empty(len(batch.ids), dtype=np.int64)
@@ -325,7 +339,7 @@ def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, grou
             groups = _query_of_rows(batch, group_col, q_index)
             held.append((docs.add(batch), groups))
             pairs = scorer.pair_inputs([queries[g][1] for g in groups], batch.texts)
-            yield RowInputs(pairs, batch, row_of=lambda i, n=len(groups): i % n)
+            yield RowInputs(pairs, batch, row_of=partial(_modulo, n=len(groups)))
 
     for result in runner.map(runner_inputs()):
         base, groups = held.popleft()
@@ -352,7 +366,7 @@ def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: lis
         for batch in BatchSource(replace(inputs, batch_rows=rows)):
             n = len(batch.ids)
             held.append((docs.add(batch), n))
-            yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=lambda i, n=n: i % n)
+            yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=partial(_modulo, n=n))
 
     for result in runner.map(runner_inputs()):
         base, n = held.popleft()
@@ -369,18 +383,42 @@ def run_rerank(
     """`embedcli rerank`: every query against every document, sorted by score (stable), cut to `--top-n`.
 
     Documents are streamed; per query the best `--top-n` (or all) scores are kept with the documents' ids
-    (and texts with `--return-documents`), and the output is written once every document is scored.
+    (and texts with `--return-documents`), and the output is written once every document is scored, through
+    the output checks of every command (`embedcli.run.whole`).
     """
     flags = flags or RunFlags()
-    check_target(output.path, flags, [*inputs.paths, *([opts.queries] if opts.queries else [])], output.stats_file)
     if opts.top_n < 0:
         raise UsageError(f"--top-n {opts.top_n}: must be 0 (all) or more")
+    whole = WholeJob(Target(output.path, output.fmt), [*inputs.paths, *([opts.queries] if opts.queries else [])],
+                     flags, Reporting(output.quiet, output.stats_file), "rerank")
+    check_whole(whole)
     report = RunReport(quiet=output.quiet)
     queries = read_queries(opts)
-    runner, scorer = pair_scorer(choice, opts, "rerank")
-    keepers = [TopN(opts.top_n) for _ in queries]
     docs = Documents(list(inputs.keep_cols), opts.return_documents)
     docs.empty()  # refuses a kept column that would shadow a result column, before any work
+    spec = load_spec(choice)
+    method = resolve_method(spec, opts.method, "rerank")
+    query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
+    built: list[Runner] = []
+    engine, meta, _ = planned_engine(
+        pair_recipe(spec, choice, opts, method), flags,
+        {"command": "rerank", "method": method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
+         "query_prompt": query_prompt,
+         "document_prompt": doc_prompt, "group_col": opts.group_col},
+        loaded=built.append,
+    )
+    options = {**BatchSource(inputs).options(), "query": opts.query, "query_col": opts.query_col,
+               "query_id_col": opts.query_id_col, "return_documents": opts.return_documents}
+    out = WholeOutput(whole, meta, options)
+    done = out.settle()  # an output made otherwise is refused (exit 2), where it can be, before the model loads
+    if done is not None:
+        return done
+    start = getattr(engine, "start", None)
+    if start is not None:
+        start()
+    runner = built[0]
+    scorer = make_scorer(runner, method, opts)
+    keepers = [TopN(opts.top_n) for _ in queries]
     progress = report.start_progress(0, flags.log_every)
     try:
         if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)
@@ -392,28 +430,10 @@ def run_rerank(
         report.progress = None
     t0 = time.perf_counter()
     tables = [docs.table(q_id, *keeper.result()) for (q_id, _), keeper in zip(queries, keepers, strict=True)]
-    tables = tables or [docs.empty()]
-    meta = provenance(runner.model, runner, {
-        "method": scorer.method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
-        "query_prompt": scorer.query_prompt, "document_prompt": scorer.doc_prompt, "group_col": opts.group_col,
-    })
-    _write_all(output, tables, meta)
+    out.publish(tables or [docs.empty()])
     report.seconds["write"] = time.perf_counter() - t0
     _rerank_stats(output, runner, report)
     return EXIT_OK
-
-
-def _write_all(output: OutputOptions, tables: list[Any], meta: dict[str, str]) -> None:
-    """Every query's rows into one output, in one atomic write."""
-    schema = tables[0].schema
-    writer = open_writer(output.path, schema, meta, fmt=output.fmt)
-    try:
-        for table in tables:
-            writer.write(table.cast(schema) if table.schema != schema else table)
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
 
 
 def _rerank_stats(output: OutputOptions, runner: Runner, report: RunReport) -> None:

@@ -6,16 +6,18 @@ different one), its normalization, Matryoshka dimensions, max length, truncation
 stored precision with its int8/uint8 ranges. The query prompt is the model's `query` prompt where it has
 one (sentence-transformers' `encode_query`), else the prompt the corpus was embedded with.
 
-Not a `Job`: like `rerank`, the output is known only once the whole vectors file has been scanned, so there
-are no per-row results to stage, resume or shard; the output is written once, atomically.
+A `WholeJob` (`embedcli.run.whole`), not a `Job`: the output is known only once the whole vectors file has
+been scanned, so it is checked as every output is (inputs, config, `--overwrite`) and written once, atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,10 +28,14 @@ import pyarrow.parquet as pq
 from embedcli.compute.runner import RunnerOptions
 from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
 from embedcli.io.manifest import output_metadata
-from embedcli.io.writers import check_output_path, open_writer, output_format
+from embedcli.io.writers import output_format
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.quantize import output_width
-from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks, take_rows
+from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks, take_rows, usable_rows
+from embedcli.run.flags import RunFlags
+from embedcli.run.job import Reporting, Target
+from embedcli.run.source import refuse_shadowing
+from embedcli.run.whole import WholeJob, WholeOutput, check_whole
 from embedcli.tasks.common import ModelChoice, OutputOptions, build
 from embedcli.tasks.pairs import read_queries
 
@@ -149,7 +155,10 @@ def embed_queries(
     return runner.embed(texts).astype(np.float32, copy=False), prompt
 
 
-def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) -> int:
+HIT_COLUMNS = ("query_id", "rank", "id", "score")
+
+
+def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, flags: RunFlags | None = None) -> int:
     """`embedcli search`: rows `query_id, rank, id, score` (+ kept columns), best first per query."""
     started = time.perf_counter()
     if opts.top_k < 1:
@@ -160,7 +169,10 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) 
         raise UsageError(f"--block-rows {opts.block_rows}: must be 1 or more")
     if output_format(output.path, output.fmt) == "npy":
         raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
-    check_output_path(output.path)
+    refuse_shadowing(HIT_COLUMNS, opts.keep_cols)
+    whole = WholeJob(Target(output.path, output.fmt), [opts.vectors, *([opts.queries] if opts.queries else [])],
+                     flags or RunFlags(), Reporting(output.quiet, output.stats_file), "search")
+    check_whole(whole)  # -o against the vectors and the queries, before anything is read
     prov = VectorsProvenance.read(opts.vectors)
     names = pq.read_schema(prov.path).names
     missing = [c for c in opts.keep_cols if c not in names]
@@ -168,14 +180,46 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) 
         raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
     queries = read_queries(opts, "search")
     spec = _model_spec(prov, choice)
+    prompt = query_prompt(spec, str(prov.config.get("prompt") or ""))
+    config = {
+        "task": "search", "top_k": opts.top_k, "precision": prov.precision, "query": opts.query,
+        "rescore_multiplier": opts.rescore_multiplier, "query_prompt": prompt,
+        "score": _score_name(prov.precision, opts.rescore_multiplier), "dtype": choice.dtype,
+    }
+    config_json = json.dumps(config, sort_keys=True)
+    meta = {
+        "embedcli.model": prov.model,
+        "embedcli.model_hash": prov.model_hash,
+        "embedcli.config": config_json,
+        "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
+        KEY_SEARCH: json.dumps({
+            "vectors": os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
+            "rescore_multiplier": opts.rescore_multiplier, "query_prompt": prompt,
+            "score": _score_name(prov.precision, opts.rescore_multiplier),
+        }),
+    }
+    options = {"keep_cols": list(opts.keep_cols), "query_col": opts.query_col, "query_id_col": opts.query_id_col}
+    out = WholeOutput(whole, meta, options)
+    done = out.settle()  # an output made otherwise is refused (exit 2) before the model loads
+    if done is not None:
+        return done
     vectors, prompt = embed_queries(prov, spec, choice, [t for _, t in queries])
     dim = vectors.shape[1]
     if output_width(prov.precision, dim) != prov.width:
         raise UsageError(f"{prov.path}: stored vectors are {prov.width} wide, the model's {prov.precision} "
                          f"queries are {output_width(prov.precision, dim)}")
     space = SearchSpace(prov.precision, dim, prov.ranges)
-    scores, rows = search_blocks(vectors, parquet_vector_blocks(prov.path, opts.block_rows), opts.top_k, space,
-                                 rescore_multiplier=opts.rescore_multiplier)
+    unusable = [0]
+
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        for block, valid in parquet_vector_blocks(prov.path, opts.block_rows):
+            unusable[0] += len(block) - int(usable_rows(block, valid).sum())
+            yield block, valid
+
+    scores, rows = search_blocks(vectors, blocks(), opts.top_k, space, rescore_multiplier=opts.rescore_multiplier)
+    if unusable[0] and not output.quiet:
+        print(f"embedcli: {unusable[0]:,} rows of {prov.path} have a null, NaN or infinite vector: "
+              "they are never hits (re-embed them)", file=sys.stderr)
     nq, found = rows.shape
     flat = rows.reshape(-1)
     hits = take_rows(prov.path, flat, ["id", *opts.keep_cols], opts.block_rows)
@@ -187,23 +231,7 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions) 
     }
     for c in opts.keep_cols:
         columns[c] = hits.column(c)
-    table = pa.table(columns)
-    meta = {
-        "embedcli.model": prov.model,
-        "embedcli.model_hash": prov.model_hash,
-        KEY_SEARCH: json.dumps({
-            "vectors": os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
-            "rescore_multiplier": opts.rescore_multiplier, "query_prompt": prompt,
-            "score": _score_name(prov.precision, opts.rescore_multiplier),
-        }),
-    }
-    writer = open_writer(output.path, table.schema, meta, fmt=output.fmt)
-    try:
-        writer.write(table)
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
+    out.publish([pa.table(columns)])
     if not output.quiet:
         print(f"embedcli: done: {nq} queries x {prov.path}: top {found} each, "
               f"{time.perf_counter() - started:.1f} s -> {output.path}", file=sys.stderr)

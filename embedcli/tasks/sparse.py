@@ -122,7 +122,7 @@ def run_sparse_embed(
 ) -> int:
     """`embedcli sparse-embed`: one sparse vector per row (id, indices, values[, tokens]) and kept columns."""
     flags = flags or RunFlags()
-    check_target(output.path, flags)
+    check_target(output.path, flags, inputs.paths, output.stats_file)
     _check(opts, output)
     spec = load_spec(choice)
     require_task(spec, "sparse_embed", "sparse-embed")
@@ -131,7 +131,7 @@ def run_sparse_embed(
         RunnerOptions(
             task="sparse_embed", max_batch_tokens=opts.max_batch_tokens, strip=opts.strip,
             prompt=embed_prompt(spec, opts.prompt, opts.prompt_name),
-            long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]
+            long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         ),
         sparse_top_k=opts.top_k,
     )

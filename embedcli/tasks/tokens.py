@@ -236,8 +236,8 @@ def token_recipe(task: str, command: str, spec: ModelSpec, choice: ModelChoice, 
         act = "none" if opts.returned_token_ids else activation(opts.activation)
         extra.update(activation=act, logit_mean=mean, logit_sigma=sigma)
     options = RunnerOptions(
-        task=task, max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]
-        truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]
+        task=task, max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
+        truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         normalize=opts.normalize if task == "token_embed" else None, dimensions=opts.dimensions,
         with_token_ids=True,
     )

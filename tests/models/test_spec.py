@@ -365,3 +365,23 @@ def test_default_model_is_packaged_minilm(empty_hub_cache) -> None:
     assert spec.path == str(packaged) and spec.name == DEFAULT_MODEL
     assert (spec.model_type, spec.hidden_size, spec.max_length) == ("bert", 384, 256)
     assert (spec.seq_pooling_type, spec.normalize, spec.sentence_transformers_layout) == ("MEAN", True, True)
+
+
+@pytest.mark.parametrize("path", ["../outside_pool", "/tmp/abs_pool"])
+def test_module_path_outside_the_model_folder_is_refused(tiny_model, tmp_path, path) -> None:
+    import shutil
+
+    folder = copy_model(tiny_model("bert-st"), tmp_path / "m")
+    pooling = next(m for m in json.loads((folder / "modules.json").read_text()) if "Pooling" in m["type"])
+    target = (folder / path).resolve()
+    shutil.copytree(folder / pooling["path"], target, dirs_exist_ok=True)  # it exists, so it would be used
+    edit_json(folder / "modules.json", lambda ms: [m.update(path=path) for m in ms if "Pooling" in m["type"]])
+    with pytest.raises(ModelConfigError, match=r"modules\.json: module Pooling has path .*outside the model folder"):
+        load_model_spec(str(folder))
+
+
+def test_missing_module_folder_is_named(tiny_model, tmp_path) -> None:
+    folder = copy_model(tiny_model("bert-st"), tmp_path / "m")
+    edit_json(folder / "modules.json", lambda ms: [m.update(path="9_Gone") for m in ms if "Pooling" in m["type"]])
+    with pytest.raises(ModelConfigError, match=r"module Pooling folder '9_Gone' is missing"):
+        load_model_spec(str(folder))

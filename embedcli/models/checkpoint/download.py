@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import re
 import sys
 from pathlib import Path
 
@@ -60,6 +61,23 @@ def select_files(paths: list[str], allow_pickle: bool = False) -> list[str]:
     return chosen
 
 
+def exact_pattern(name: str) -> str:
+    """An `allow_patterns` entry (an fnmatch glob) that matches the file `name` and nothing else."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def check_names(repo_id: str, paths: list[str]) -> None:
+    """ModelConfigError when a listed file name would land outside the snapshot folder (`..`, absolute, `\\`):
+    refused before anything is fetched, so no partial snapshot is left."""
+    for p in paths:
+        parts = p.split("/")
+        if not p or p.startswith("/") or "\\" in p or any(part in ("", ".", "..") for part in parts):
+            raise ModelConfigError(
+                f"{repo_id}: the Hub lists a file named {p!r}, which would be written outside the model folder; "
+                "refused (nothing was downloaded): check the repository"
+            )
+
+
 def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
     """The complete cached snapshot of `repo_id` at `revision` (default `main`), or None; never the network."""
     try:
@@ -101,6 +119,7 @@ def download_model(repo_id: str, revision: str | None = None, *, allow_pickle: b
         raise ModelNotFoundError(f"{repo_id}: no such model on {where} (or it is private or gated)") from e
     except Exception as e:  # HTTP errors, httpx connect/timeout errors: no usable Hub
         raise ModelNotFoundError(f"{repo_id}: the Hub at {where} could not be reached ({type(e).__name__}: {e})") from e
+    check_names(repo_id, files)
     chosen = select_files(files, allow_pickle)
     if not any(p.endswith(".safetensors") for p in chosen) and not (allow_pickle and any(_matches(p, PICKLE_PATTERNS) for p in chosen)):
         pickled = [p for p in files if _matches(p, PICKLE_PATTERNS)]
@@ -111,33 +130,16 @@ def download_model(repo_id: str, revision: str | None = None, *, allow_pickle: b
             )
         raise ModelConfigError(f"{repo_id}: no safetensors weights on the Hub (files: {', '.join(files[:8])})")
     if quiet:
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils.tqdm import disable_progress_bars
 
         disable_progress_bars()
     else:
         print(f"embedcli: downloading {repo_id}@{info.sha} ({len(chosen)} files) from {where}", file=sys.stderr)
     try:
-        path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=chosen))
+        # Exact names, not globs: a listed file named `*` must not fetch every file (pickle weights included).
+        path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=[exact_pattern(p) for p in chosen]))
     except (HfHubHTTPError, OSError) as e:
         raise ModelNotFoundError(f"{repo_id}: the download from {where} failed ({type(e).__name__}: {e})") from e
     if not quiet:
         print(f"embedcli: {repo_id}@{info.sha} -> {path}", file=sys.stderr)
-    return path
-
-
-def fetch(model: str, revision: str | None = None, *, allow_pickle: bool = False, quiet: bool = False) -> Path:
-    """`embedcli download`: the cached snapshot of a Hub model, downloading it first when missing; checked loadable."""
-    from embedcli.models.spec import load_model_spec
-
-    repo, pinned = split_revision(model)
-    if not looks_like_repo_id(repo):
-        raise ModelNotFoundError(f"{model!r} is not a Hub model id (org/model[@revision])")
-    revision = revision or pinned
-    path = cached_snapshot(repo, revision)
-    if path is not None:
-        if not quiet:
-            print(f"embedcli: {repo} is already in the cache: {path}", file=sys.stderr)
-    else:
-        path = download_model(repo, revision, allow_pickle=allow_pickle, quiet=quiet)
-    load_model_spec(str(path), allow_pickle=allow_pickle)  # a folder embedcli can run, or a one-line error now
     return path

@@ -157,6 +157,12 @@ def window_band(window: Window | None, length: int, *, causal: bool, device: tor
     reach = effective_window(window, length, causal=causal)
     if reach is None:
         return None
+    return _band(reach, length, str(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _band(reach: Window, length: int, device: str) -> torch.Tensor:
+    # Every layer of a forward (and the next forwards of similar length) asks for the same band: built once.
     left, right = reach
     pos = torch.arange(length, device=device)
     rel = pos[None, :] - pos[:, None]  # key minus query position
