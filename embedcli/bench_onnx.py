@@ -81,8 +81,8 @@ def _export(spec: Any, folder: Path) -> None:
     import transformers
     from transformers import AutoModel, AutoTokenizer
 
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped in transformers
-    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # untyped in transformers
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
     hf = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
     # The tokenizer embedcli's loader builds (not necessarily the folder's file): the same ids in both contenders.

@@ -8,6 +8,7 @@ import copy
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file
@@ -31,7 +32,7 @@ from embedcli.models.precision import (
 from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenization.decoder_tokenizer import load_decoder_tokenizer_json
-from embedcli.models.tokenization.tokenizer import load_tokenizer_json
+from embedcli.models.tokenization.tokenizer import SpecialTokens, load_tokenizer_json
 from embedcli.pooling import (
     DispatchPooler,
     Pooler,
@@ -44,6 +45,7 @@ from embedcli.pooling import (
     resolve_classifier_activation,
 )
 from embedcli.pooling.activations import load_st_activation, st_classifier_activation
+from embedcli.pooling.params import SeqPoolingType
 
 # Nothing downloads here: transformers only ever gets a resolved local folder and `local_files_only=True`.
 # (The environment is left alone: `embedcli.models.checkpoint.resolve` downloads a Hub id before loading, unless the
@@ -150,7 +152,7 @@ class LoadedModel:
         self.tokenizer = self._load_tokenizer()
         self.backbone, classifier = own if own is not None else self._load_backbone()
         self.pooler_config = PoolerConfig(
-            seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]
+            seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]  # a checked pooling name, kept as str in the spec
             include_prompt=spec.include_prompt,
             tok_pooling_type="STEP" if options.step_tag_id is not None or options.returned_token_ids else "ALL",
             use_activation=spec.normalize if spec.head == "base" else None,
@@ -187,7 +189,7 @@ class LoadedModel:
             model = quantize_linear_int8(model)
         return model, classifier
 
-    def _load_tokenizer(self):  # type: ignore[no-untyped-def]
+    def _load_tokenizer(self) -> Tokenizer:
         path = Path(self.spec.path)
         if self.own_backbone and (path / "tokenizer.json").is_file():
             if self.spec.is_decoder:
@@ -221,7 +223,7 @@ class LoadedModel:
         # The runner packs without padding and truncates per call.
         tokenizer.no_padding()
         tokenizer.no_truncation()
-        self.hf_tokenizer = hf
+        self.hf_tokenizer = cast("SpecialTokens", hf)
         return tokenizer
 
     def _load_backbone(self) -> tuple[nn.Module, nn.Module | None]:
@@ -259,7 +261,7 @@ class LoadedModel:
         for p in model.parameters():
             p.requires_grad_(False)
         pad_id = _pad_id(model.config, getattr(self, "hf_tokenizer", None))
-        padded = {"pad_id": pad_id, "token_types": True}
+        padded: dict[str, Any] = {"pad_id": pad_id, "token_types": True}
         classifier: nn.Module | None = None
         if spec.head == "base":
             return PaddedBackbone(model, output=HIDDEN, **padded), None
@@ -299,8 +301,9 @@ class LoadedModel:
                 activation = st_classifier_activation(load_st_activation(spec.ce_activation))
             else:
                 activation = resolve_classifier_activation(config)
-            default = "LAST" if spec.is_decoder else "CLS"
-            if self.own_backbone and spec.model_type == "modernbert" and config.get("classifier_pooling", "cls") == "mean":
+            default: SeqPoolingType = "LAST" if spec.is_decoder else "CLS"
+            pooling = getattr(config, "classifier_pooling", None) or "cls"
+            if self.own_backbone and spec.model_type == "modernbert" and pooling == "mean":
                 default = "MEAN"  # ModernBERT's classifier_pooling: its head takes the mean of the tokens
             return DispatchPooler(
                 {

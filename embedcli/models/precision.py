@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -205,7 +205,7 @@ def probe_outputs(model: LoadedModel, task: str, texts: Sequence[str] = PROBE_TE
     from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 
     spec = model.spec
-    pooler = model.pooler.pooler_for(task)
+    pooler = cast("Any", model.pooler).pooler_for(task)
     params = PoolingParams().verify(
         task, model.pooler_config, EmbeddingShape(spec.embedding_size, spec.is_matryoshka, spec.matryoshka_dimensions)
     )

@@ -143,7 +143,8 @@ def nomic_native_mismatch(config: Config) -> str | None:
         "intermediate_size": (config.get("intermediate_size", 3072), nomic_intermediate(config)),
         "hidden_act": (config.get("hidden_act", "silu"), "silu" if config.get("activation_function") == "swiglu" else None),
         "layer_norm_eps": (float(config.get("layer_norm_eps", 1e-12)), float(config.get("layer_norm_epsilon", 1e-5))),
-        "rope_theta": (float(rope.get("rope_theta", config.get("rope_theta", 1000.0))), float(config.get("rotary_emb_base", 10000))),
+        "rope_theta": (float(rope.get("rope_theta", config.get("rope_theta", 1000.0)) or 1000.0),
+                       float(config.get("rotary_emb_base", 10000))),
         "rope_type": (rope.get("rope_type", "default"), "default"),
         "qkv_proj_bias": (False, bool(config.get("qkv_proj_bias", True))),
         "mlp_fc1_bias": (False, bool(config.get("mlp_fc1_bias", True))),
@@ -354,13 +355,13 @@ class ModelEntry:
 
 
 def _entries() -> tuple[ModelEntry, ...]:
-    bert_like = {"keys": BERT_KEYS, "token_types": True}
-    roberta_like = {
+    bert_like: dict[str, Any] = {"keys": BERT_KEYS, "token_types": True}
+    roberta_like: dict[str, Any] = {
         **bert_like,
         "keys": (*BERT_KEYS, ConfigKey("pad_token_id", 1, any_value, "the padding id (position offset)")),
         "position_offset": True,
     }
-    decoder = {"keys": DECODER_KEYS, "decoder": True}
+    decoder: dict[str, Any] = {"keys": DECODER_KEYS, "decoder": True}
     biased = (
         ConfigKey("attention_bias", False, any_value, "q/k/v/o projection biases"),
         ConfigKey("mlp_bias", False, any_value, "MLP biases"),

@@ -78,7 +78,7 @@ class BertModel(nn.Module):
             self.token_type_embeddings.weight.data.copy_(weights["embeddings.token_type_embeddings.weight"])
         copy_norm(self.embed_norm, weights, "embeddings.LayerNorm")
         for i, layer in enumerate(self.layers):
-            layer.load(weights, self.layer_names(i))  # type: ignore[operator]
+            layer.load(weights, self.layer_names(i))  # type: ignore[operator]  # a ModuleList item is typed as a plain Module
         return weights
 
     def embed(

@@ -7,13 +7,16 @@ everything here reads config.json and safetensors directly.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
 
 from embedcli.models.backbones.layers import (
     JsonConfig,
+    StateDict,
     UnsupportedCheckpoint,
     Weights,
     load_state_dict,
@@ -80,7 +83,7 @@ def load_own_backbone(
     state = load_state_dict(Path(spec.path), spec.weights)
     with skip_init_weights():
         model = cls(config)
-    weights = model.load(state)
+    weights: Weights = cast("Callable[[StateDict], Weights]", model.load)(state)
     classifier = None if spec.head == "base" else _classifier(spec, weights, model, config).to(device=device, dtype=torch.float32)
     model = model.to(device=device, dtype=dtype).eval()
     for p in model.parameters():

@@ -15,7 +15,7 @@ bidirectional (Gemma3's config stores the whole span `W` and attends `|i - j| < 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -342,7 +342,7 @@ class GemmaModel(nn.Module):
         """Copy the checkpoint's tensors in (fusing q/k/v and gate/up)."""
         weights = Weights(state, self.prefixes, "embed_tokens.weight")
         self.embed_tokens.weight.data.copy_(weights["embed_tokens.weight"])
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("list[GemmaLayer]", self.layers)):
             p = f"layers.{i}."
             attn = layer.attn
             copy_linear(attn.qkv, weights, f"{p}self_attn.q_proj", f"{p}self_attn.k_proj", f"{p}self_attn.v_proj")
@@ -396,7 +396,7 @@ class GemmaModel(nn.Module):
         x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=weight.dtype, device=weight.device)
         with torch.autocast(device_type=x.device.type, enabled=False):
             rope = {kind: self.rope(kind, positions, x.dtype) for kind in set(self.layer_types)}
-        for layer in self.layers:
+        for layer in cast("list[GemmaLayer]", self.layers):
             cos, sin = rope[layer.layer_type]
             x = layer(x, cos, sin, pack, prefix)
         return self.norm(x)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
-from embedcli.errors import UnsupportedCheckpoint
+from embedcli.errors import UnsupportedCheckpoint as UnsupportedCheckpoint
 from embedcli.models.kernels.gemm import gelu_tanh, linear
 from embedcli.models.kernels.packing import (
     PackInfo,
@@ -128,7 +128,9 @@ def copy_linear(module: nn.Linear, weights: Weights, *names: str) -> None:
 
 def copy_norm(norm: nn.Module, weights: Weights, name: str) -> None:
     """Fill a LayerNorm / RMSNorm from `name.weight` (and `name.bias` when it has one)."""
-    norm.weight.data.copy_(weights[f"{name}.weight"])
+    weight = norm.weight
+    assert isinstance(weight, torch.Tensor)
+    weight.data.copy_(weights[f"{name}.weight"])
     bias = getattr(norm, "bias", None)
     if bias is not None:
         bias.data.copy_(weights[f"{name}.bias"])
@@ -191,7 +193,7 @@ def varlen_attention(
         return out.reshape(total, heads * head_dim)
     fused = qkv.view(total, heads + 2 * kv, head_dim)
     out = grouped_attention(
-        [fused], lambda t: t[0].split([heads, kv, kv], dim=1), pack,  # type: ignore[return-value]
+        [fused], lambda t: t[0].split([heads, kv, kv], dim=1), pack,
         causal=causal, scale=scale, bias=bias, gqa=kv != heads, window=window,
     )
     return out.reshape(total, heads * head_dim)

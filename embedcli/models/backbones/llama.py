@@ -9,7 +9,7 @@ to each sequence. A forward may end with one slice of a long sequence attending 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
@@ -110,8 +110,8 @@ class DecoderAttention(nn.Module):
             assert pack is not None
             out = packed_attention(q, k, v, pack, causal=True, scale=self.scale)
         else:
-            as_hf = (t.transpose(0, 1)[None] for t in (q, k, v))
-            out = prefix.attention(self, *as_hf, pack, self.scale)[0][0]
+            qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))
+            out = prefix.attention(self, qh, kh, vh, pack, self.scale)[0][0]
         return linear(self.o_proj, out.reshape(total, self.heads * d))
 
 
@@ -156,7 +156,9 @@ class LlamaModel(nn.Module):
             for i in range(int(config.num_hidden_layers))
         )
         self.norm = RMSNorm(hidden, float(config.get("rms_norm_eps", 1e-6)))
-        self.head_dim = self.layers[0].attn.head_dim if len(self.layers) else hidden // int(config.num_attention_heads)
+        self.head_dim = (
+            cast("DecoderLayer", self.layers[0]).attn.head_dim if len(self.layers) else hidden // int(config.num_attention_heads)
+        )
         self._inv_freq: torch.Tensor | None = None
 
     @classmethod
@@ -179,7 +181,7 @@ class LlamaModel(nn.Module):
         """Copy the checkpoint's tensors in (fusing q/k/v and gate/up)."""
         weights = Weights(state, self.prefixes, "embed_tokens.weight")
         self.embed_tokens.weight.data.copy_(weights["embed_tokens.weight"])
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("list[DecoderLayer]", self.layers)):
             p = f"layers.{i}."
             attn = layer.attn
             copy_linear(attn.qkv, weights, f"{p}self_attn.q_proj", f"{p}self_attn.k_proj", f"{p}self_attn.v_proj")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ def token_score_head(
 
 def lm_score_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
     """The score tokens' rows of a causal LM's `lm_head` (float32), as a `[n, hidden] -> [n, 1]` module."""
-    lm_head = model.get_output_embeddings()
+    lm_head = cast("Any", model).get_output_embeddings()  # a transformers PreTrainedModel: a Linear or a quantized one
     if lm_head is None:
         raise ConfigRefusedError(f"{spec.path}: the causal LM has no output embeddings (lm_head) to score with")
     weight = lm_head.weight
@@ -68,12 +69,13 @@ def lm_score_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
 def mlm_head(model: nn.Module, spec: ModelSpec) -> nn.Module:
     """The masked-LM head (transform + decoder) of a `*ForMaskedLM` model: `[n, hidden] -> [n, vocab]` logits."""
     kind = spec.model_type
+    part = cast("Callable[[str], nn.Module]", model.get_submodule)
     if kind == "bert":
-        return model.cls
+        return part("cls")
     if kind in ("roberta", "xlm-roberta", "camembert", "mpnet"):
-        return model.lm_head
+        return part("lm_head")
     if kind == "distilbert":
-        return nn.Sequential(model.vocab_transform, model.activation, model.vocab_layer_norm, model.vocab_projector)
+        return nn.Sequential(*(part(n) for n in ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")))
     raise ConfigRefusedError(f"{spec.path}: SPLADE on model_type {kind!r} is not supported (bert, roberta, "
                            "xlm-roberta, camembert, mpnet, distilbert)")
 
@@ -86,8 +88,8 @@ def lm_pooler(spec: ModelSpec, options: Any, head: nn.Module | None) -> Pooler:
         return DispatchPooler(
             {
                 "sparse_embed": SpladePooler(
-                    head, reduce=spec.sparse_pooling or "max",  # type: ignore[arg-type]
-                    activation=spec.sparse_activation or "relu", top_k=top_k,  # type: ignore[arg-type]
+                    head, reduce=spec.sparse_pooling or "max",  # type: ignore[arg-type]  # the spec holds the checked name as a str
+                    activation=spec.sparse_activation or "relu", top_k=top_k,  # type: ignore[arg-type]  # the spec holds the checked name as a str
                 )
             }
         )

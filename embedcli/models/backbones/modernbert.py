@@ -202,7 +202,7 @@ class ModernBertModel(nn.Module):
         self.tok_embeddings.weight.data.copy_(weights["embeddings.tok_embeddings.weight"])
         copy_norm(self.embed_norm, weights, "embeddings.norm")
         for i, layer in enumerate(self.layers):
-            layer.load(weights, f"layers.{i}.")  # type: ignore[operator]
+            layer.load(weights, f"layers.{i}.")  # type: ignore[operator]  # a ModuleList item is typed as a plain Module
         copy_norm(self.final_norm, weights, "final_norm")
         return weights
 

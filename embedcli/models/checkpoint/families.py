@@ -77,7 +77,7 @@ def read_reranker(
         names = tuple(vocab.id_to_token(i) for i in ids)
         if any(n is None for n in names):
             raise ModelConfigError(f"{folder}: LogitScore token ids {list(ids)} are not in tokenizer.json")
-        tokens = names  # type: ignore[assignment]
+        tokens = tuple(str(n) for n in names)
     else:
         raise ConfigRefusedError(
             f"{folder}: a causal LM reranker needs its score tokens: --classifier-from-tokens no,yes "

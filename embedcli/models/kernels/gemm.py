@@ -59,7 +59,7 @@ class _Packed:
         packed = self.by_dtype.get(dtype)
         if packed is None:
             weight = module.weight.detach().to(dtype).contiguous()
-            bias = None if module.bias is None else module.bias.detach().to(dtype).contiguous()
+            bias = None if module.bias is None else module.bias.detach().to(dtype).contiguous()  # type: ignore[redundant-expr]  # torch types Linear.bias as a Tensor; bias=False makes it None
             packed = (torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT), bias)
             self.by_dtype[dtype] = packed
         return packed
@@ -84,14 +84,14 @@ def linear(
 ) -> torch.Tensor:
     """`act(module(x))` for a Linear `module` on `[rows, in]` input (oneDNN on the CPU, see the module doc)."""
     dtype = _compute_dtype(module, x)
-    fused = FUSED_ACTIVATIONS.get(act) if act is not None else None  # type: ignore[arg-type]
+    fused = FUSED_ACTIVATIONS.get(act) if act is not None else None
     if dtype is None:
         out = module(x)
         return out if act is None else act(out)
     cache: _Packed | None = module.__dict__.get("_embedcli_packed")
     if cache is None:
         cache = module.__dict__["_embedcli_packed"] = _Packed()
-    weight, bias = cache.get(module, dtype)  # type: ignore[arg-type]
+    weight, bias = cache.get(module, dtype)  # type: ignore[arg-type]  # every caller passes a Linear
     attr, algorithm = fused or ("none", "")
     out = torch.ops.mkldnn._linear_pointwise(x.to(dtype).contiguous(), weight, bias, attr, [], algorithm)
     return out if act is None or fused is not None else act(out)

@@ -241,9 +241,9 @@ def _to_padded(x: torch.Tensor, pack: PackInfo) -> torch.Tensor:
 
 
 @functools.cache
-def _flash_varlen():  # type: ignore[no-untyped-def]
+def _flash_varlen():  # type: ignore[no-untyped-def]  # flash-attn ships no types; optional, CUDA only
     try:
-        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+        from flash_attn import flash_attn_varlen_func
     except Exception:
         return None
     return flash_attn_varlen_func
@@ -302,7 +302,7 @@ def packed_attention(
         mask = attn_bias
     else:
         # An additive bias from the caller already carries the key padding (see `padded_bias`).
-        mask = pack.key_mask if attn_bias is None else attn_bias
+        mask = attn_bias
     out = F.scaled_dot_product_attention(
         qp, kp, vp, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
@@ -136,7 +136,8 @@ def _adds_no_token(tokenizer: Tokenizer, folder: Path, config: dict[str, Any]) -
     if contents is None:
         return False
     for token_id, token in decoder.items():
-        if not isinstance(token, dict) or added.get(token_content(token)) != int(token_id):
+        content = token_content(token) if isinstance(token, dict) else None
+        if content is None or added.get(content) != int(token_id):
             return False
         # Re-adding a token replaces its flags (lstrip, normalized, ...): they must be tokenizer.json's already,
         # after transformers marks the named special tokens special.
@@ -179,7 +180,7 @@ def _qwen2_backend(folder: Path, config: dict[str, Any]) -> Tokenizer | None:
     # the merges where there are some (a WordPiece vocabulary becomes a BPE without merges).
     if model.get("type") in (None, "Unigram") or not isinstance(model.get("vocab"), dict):
         return None
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges") or []]
+    merges = [cast("tuple[str, str]", tuple(m.split(" ") if isinstance(m, str) else m)) for m in model.get("merges") or []]
     tokenizer = Tokenizer(
         BPE(
             vocab=model["vocab"],
