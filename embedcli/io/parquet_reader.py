@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from embedcli.io.reader_base import (
     missing_column,
     one_line,
 )
+from embedcli.io.stdin_head import stdin_stream
 
 
 def _is_text_type(t: pa.DataType) -> bool:
@@ -54,7 +54,7 @@ def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
 def _open(path: str) -> pq.ParquetFile:
     try:
         if path == STDIN:
-            source: Any = pa.BufferReader(sys.stdin.buffer.read())
+            source: Any = pa.BufferReader(stdin_stream().read())
         elif not rereadable(path):  # a pipe or FIFO: Parquet needs to seek, so read it once, whole
             with open(path, "rb") as f:
                 source = pa.BufferReader(f.read())

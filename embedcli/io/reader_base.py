@@ -10,7 +10,6 @@ import json
 import lzma
 import os
 import select
-import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from embedcli.io.errors import STDIN, InputError
+from embedcli.io.stdin_head import pending_head, stdin_stream
 
 BOM = b"\xef\xbb\xbf"
 UTF8_FIX = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)"
@@ -336,7 +336,7 @@ class _RawStream(io.RawIOBase):
 def open_binary(path: str) -> contextlib.AbstractContextManager[Any]:
     """The decompressed bytes of an input (stdin as is)."""
     if path == STDIN:
-        return contextlib.nullcontext(sys.stdin.buffer)
+        return contextlib.nullcontext(stdin_stream())
     try:
         kind = compression_of(path)
         if kind == "gzip":
@@ -363,7 +363,7 @@ def pipe_lines(f: IO[bytes]) -> Iterator[bytes | None]:
         return
     # Reads go to the descriptor under `f` (nothing has been read through `f` itself yet): a buffered
     # read would wait for a full buffer, not for the next line.
-    pending = b""
+    pending = pending_head(f)
     while True:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)

@@ -23,6 +23,7 @@ from embedcli.io.readers import (
     normalize_format,
     read_inputs,
 )
+from embedcli.io.stdin_head import checking_head
 
 
 @dataclass(frozen=True)
@@ -221,17 +222,36 @@ class BatchSource:
         return total
 
 
-def check_head(source: BatchSource) -> None:
-    """Before the model loads: read each file input up to its first record, so a missing column, a wrong
-    format or an unreadable file is said now, not after the whole start (~500 MB of model). Bad rows are
-    left to the run; stdin is not read here (reading it would consume it)."""
+def check_head(source: BatchSource, strict: bool = False) -> None:
+    """Before the model loads: read each input up to its first record, so a missing column, a wrong format
+    or an unreadable file is said now, not after the whole start (~500 MB of model). stdin is read up to its
+    first line, kept for the run (`io.stdin_head`); Parquet on stdin is left to the run (it is read whole).
+    With `strict` (the run stops at a bad row) a bad first record is said now too; other bad rows are the
+    run's."""
     for path in source.paths():
-        if path == STDIN or not rereadable(path):
+        if path == STDIN:
+            if detect_format(path, source.inputs.fmt) == "parquet":
+                continue
+        elif not rereadable(path):
             continue
-        reader = source.open([path], batch_rows=1, on_bad_row=lambda _e: None)
-        try:
-            next(reader, None)
-        finally:
-            close = getattr(reader, "close", None)
-            if close is not None:
-                close()
+        bad: list[InputError] = []
+        with checking_head():
+            reader = source.open([path], batch_rows=1, on_bad_row=bad.append)
+            try:
+                first = next(reader, None)
+            finally:
+                close = getattr(reader, "close", None)
+                if close is not None:
+                    close()
+        if strict and bad and (first is None or _before(bad[0], first)):
+            raise bad[0]
+
+
+def _before(error: InputError, batch: Any) -> bool:
+    """Whether a bad row comes before the batch's first record (both located by `line N` / `row N`)."""
+    def number(location: str | None) -> int | None:
+        parts = (location or "").split()
+        return int(parts[1]) if len(parts) == 2 and parts[1].isdigit() else None
+
+    bad_at, first_at = number(error.location), number(batch.locations[0] if batch.locations else None)
+    return bad_at is not None and first_at is not None and bad_at < first_at

@@ -85,7 +85,7 @@ def run_classify(
     """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs))  # a missing column is said before the model loads
+    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")
     if not 1 <= opts.top_k <= spec.num_labels:

@@ -104,7 +104,7 @@ def run_embed(
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs))  # a missing column is said before the model loads
+    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,

@@ -23,7 +23,7 @@ from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, kept_columns
+from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, kept_columns
 from embedcli.run.target import check_target
 from embedcli.scoring import SparseVector
 from embedcli.tasks.common import (
@@ -123,6 +123,7 @@ def run_sparse_embed(
     """`embedcli sparse-embed`: one sparse vector per row (id, indices, values[, tokens]) and kept columns."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     _check(opts, output)
     spec = load_spec(choice)
     require_task(spec, "sparse_embed", "sparse-embed")

@@ -17,7 +17,7 @@ from embedcli.io.writers import embedding_array
 from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import BatchSource, InputOptions, empty_batch, id_column, with_kept
+from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
@@ -250,6 +250,7 @@ def run_token_embed(
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)
     recipe = token_recipe("token_embed", "token-embed", spec, choice, opts)
     codec = TokenEmbedCodec(opts, recipe.runner_options.dimensions or spec.embedding_size, tuple(inputs.keep_cols))
@@ -269,6 +270,7 @@ def run_token_classify(
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)
     recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
     names = list(spec.id2label)
