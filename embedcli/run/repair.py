@@ -1,20 +1,32 @@
 """Shard repair: a finished shard directory that lists shard files which are gone gets exactly those back.
 
-Each missing shard's record range is run as the same job (`run_job(replace(job, ...))`) into a scratch
-directory next to the output, checked (same row count as the manifest says), and renamed into place under
-its own deterministic name (`part-NNNNNN.parquet`); the other shards are not touched.
+Each missing shard's record range is run as the same job (`run_job(replace(job, ...))`, so with every output
+check a run has) into a scratch directory of a fresh name next to the output, checked (same row count as the
+manifest says), and renamed into place under its own deterministic name (`part-NNNNNN.parquet`); the other
+shards are not touched. The output's staging lock is held throughout, so no other run writes it meanwhile.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 
 from embedcli.errors import OutputError
-from embedcli.io.manifest import Manifest, ShardEntry, config_key, manifest_path, strip_slash
+from embedcli.io.manifest import (
+    Manifest,
+    ShardEntry,
+    StagingLock,
+    config_key,
+    make_staging_dir,
+    manifest_path,
+    staging_dir,
+    strip_slash,
+)
 from embedcli.io.shards import _errors_name, _index_name
 from embedcli.run.job import Job, Reporting, Target
 from embedcli.run.sharding import RangeSource
@@ -64,16 +76,36 @@ def repair_missing_shards(job: Job, run_job: Callable[[Job], int]) -> list[str]:
     if found is None:
         return []
     out, _, missing = found
-    scratch = out + ".embedcli-repair"
+    root = staging_dir(out)
+    created = make_staging_dir(root, out)  # refuses a link planted there
     repaired: list[str] = []
-    for s in missing:
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(scratch + ".embedcli-staging", ignore_errors=True)
+    try:
+        with StagingLock(root, out):  # no other run writes this output while shards go in
+            for stale in glob.glob(glob.escape(os.path.join(os.path.dirname(out), _repair_prefix(out))) + "*"):
+                shutil.rmtree(stale, ignore_errors=True)  # a killed repair's scratch (a name only repair makes)
+            for s in missing:
+                _repair_one(job, run_job, out, s)
+                repaired.append(s.file or "")
+    finally:
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+    return repaired
+
+
+def _repair_prefix(out: str) -> str:
+    return f"{os.path.basename(out)}.embedcli-repair-"
+
+
+def _repair_one(job: Job, run_job: Callable[[Job], int], out: str, s: ShardEntry) -> None:
+    """Recompute shard `s` into a fresh scratch directory beside `out`, check it, rename its files in."""
+    # a fresh name: nothing already beside the output (a link, a user's folder) is ever emptied or written through
+    holder = tempfile.mkdtemp(prefix=_repair_prefix(out), dir=os.path.dirname(out))
+    scratch = os.path.join(holder, "shard")
+    try:
         run_job(_shard_job(job, s, scratch))
         made = Manifest.load(scratch)
         if made is None or len(made.shards) != 1 or made.shards[0].rows != s.rows:
             rows = sum(x.rows for x in made.shards) if made else "?"
-            shutil.rmtree(scratch, ignore_errors=True)
             raise OutputError(
                 job.target.path, f"shard {s.file} recomputed to {rows} rows, the manifest says {s.rows}",
                 fix="the inputs may have changed: rerun with --overwrite",
@@ -87,10 +119,9 @@ def repair_missing_shards(job: Job, run_job: Callable[[Job], int]) -> list[str]:
             moves.append((new.errors_file, _errors_name(s.number)))
         for src, dst in moves:
             os.replace(os.path.join(scratch, src), os.path.join(out, dst))
-        shutil.rmtree(scratch, ignore_errors=True)
-        repaired.append(s.file)
-        if not job.reporting.quiet:
-            lo, hi = s.records
-            print(f"embedcli: repaired {s.file}: recomputed input records {lo:,}-{hi:,} ({s.rows:,} rows)",
-                  file=sys.stderr, flush=True)
-    return repaired
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+    if not job.reporting.quiet:
+        lo, hi = s.records
+        print(f"embedcli: repaired {s.file}: recomputed input records {lo:,}-{hi:,} ({s.rows:,} rows)",
+              file=sys.stderr, flush=True)
