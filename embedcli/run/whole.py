@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,8 @@ from embedcli.run.paths import check_foreign_file
 from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target, is_shard_dir
 
+_PUBLISHED = (KEY_ROWS, KEY_OUTPUT, KEY_COMPLETE)  # said by `publish` itself
+
 
 @dataclass(frozen=True)
 class WholeJob:
@@ -76,7 +78,9 @@ def check_whole(job: WholeJob) -> None:
 class WholeOutput:
     """The output of a `WholeJob` with its provenance `meta` and `options`: `settle`, then `publish`."""
 
-    def __init__(self, job: WholeJob, meta: dict[str, str], options: dict[str, Any]) -> None:
+    def __init__(
+        self, job: WholeJob, meta: dict[str, str], options: dict[str, Any], key_format: str | None = None
+    ) -> None:
         self.job = job
         self.meta = dict(meta)
         self.options = dict(options)
@@ -84,7 +88,8 @@ class WholeOutput:
         self.stdout = path == STDIN
         files = [] if any(p == STDIN for p in job.inputs) else expand_paths(list(job.inputs))
         self.fingerprints = None if len(files) != len(job.inputs) else input_fingerprints(files)
-        self.cfg_key = config_key(self.meta, self.options, job.fmt)
+        # `key_format`: the format the config key names, where a command keyed its outputs otherwise before
+        self.cfg_key = config_key(self.meta, self.options, key_format or job.fmt)
         self.job_key = job_key(self.cfg_key, self.fingerprints)
         self.base_meta = {
             **self.meta,
@@ -129,9 +134,16 @@ class WholeOutput:
 
     def publish(self, tables: Sequence[Any], extra: dict[str, str] | None = None) -> None:
         """Write `tables` (same columns) as the output, atomically, with the run's metadata."""
-        schema = tables[0].schema
+        self.publish_stream(tables[0].schema, sum(t.num_rows for t in tables), tables, extra)
+
+    def publish_stream(
+        self, schema: Any, rows: int, tables: Iterable[Any], extra: dict[str, str] | None = None
+    ) -> None:
+        """Write `rows` rows arriving as `tables` of `schema` as the output, atomically, with the run's
+        metadata (`extra` adds keys; the keys that identify the run are this output's own)."""
+        extra = {k: v for k, v in (extra or {}).items() if k not in self.base_meta and k not in _PUBLISHED}
         if self.stdout:
-            writer = open_writer(STDIN, schema, {**self.base_meta, **(extra or {})}, fmt=self.job.target.fmt)
+            writer = open_writer(STDIN, schema, {**self.base_meta, **extra}, fmt=self.job.target.fmt)
             self._write(writer, tables, schema)
             return
         path = self.job.target.path
@@ -144,10 +156,9 @@ class WholeOutput:
                 inputs=self.fingerprints, output_format=self.job.fmt, mode="file", indexed=False,
             )
             manifest.save(root)
-            rows = sum(t.num_rows for t in tables)
             # keyed as `inspect` reads it back (the saved manifest), so a kill after the last rename reads as published
             saved = Manifest.load(root) or manifest
-            meta = {**self.base_meta, **(extra or {}), KEY_ROWS: str(rows),
+            meta = {**self.base_meta, **extra, KEY_ROWS: str(rows),
                     KEY_OUTPUT: output_key_for(root, saved), KEY_COMPLETE: "true"}
             remove_tmp_files(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
             self._write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
@@ -155,7 +166,7 @@ class WholeOutput:
         shutil.rmtree(root, ignore_errors=True)
 
     @staticmethod
-    def _write(writer: Any, tables: Sequence[Any], schema: Any) -> None:
+    def _write(writer: Any, tables: Iterable[Any], schema: Any) -> None:
         try:
             for table in tables:
                 writer.write(table.cast(schema) if table.schema != schema else table)

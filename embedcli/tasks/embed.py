@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -15,27 +14,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.compute.build import embed_recipe
-from embedcli.errors import EXIT_OK, UsageError
+from embedcli.errors import UsageError
 from embedcli.io.manifest import (
-    KEY_COMPLETE,
-    KEY_CONFIG_KEY,
-    KEY_INPUT_OPTIONS,
-    KEY_JOB,
-    config_key,
     index_sidecar,
-    job_key,
     output_metadata,
 )
-from embedcli.io.shards import remove_tmp_files
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
-from embedcli.run.paths import check_foreign_file
+from embedcli.run.sharding import shard_source
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
-from embedcli.run.staging import guard_staged_work
 from embedcli.run.target import check_target
+from embedcli.run.whole import WholeJob, WholeOutput
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
 
 SPOOL_SUFFIX = ".embedcli-float32.parquet"
@@ -146,18 +138,29 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
     if job.target.path == "-":  # stdout: nothing to resume; spool in a temporary folder
         spool_dir = tempfile.mkdtemp(prefix=".embedcli-spool-")
         try:
-            return _spooled(job, quant, os.path.join(spool_dir, "float32.parquet"))
+            return _spooled(job, quant, os.path.join(spool_dir, "float32.parquet"), None)
         finally:
             shutil.rmtree(spool_dir, ignore_errors=True)
     spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
-    done = _finished_quantized(job)
+    out = _quantized_output(job)
+    done = out.settle()  # the output checks of every command that publishes a whole output
     if done is not None:
         _remove_spool(spool)  # a run killed after publishing, before removing its spool
         return done
-    _guard_output_staging(job)
-    code = _spooled(job, quant, spool)
+    code = _spooled(job, quant, spool, out)
     _remove_spool(spool)
     return code
+
+
+def _quantized_output(job: Job) -> WholeOutput:
+    """The quantized output as one whole output of the job's config and inputs (keyed as the float32 spool is)."""
+    source = job.source
+    assert isinstance(source, BatchSource)  # embed reads a BatchSource
+    meta = dict(job.provenance)
+    if job.flags.shard is not None:
+        meta.update(shard_source(source, job.flags.shard)[1])  # the keys `run_job` gives the spool
+    whole = WholeJob(job.target, source.paths(), job.flags, job.reporting, command="embed")
+    return WholeOutput(whole, meta, source.options(), key_format="parquet")
 
 
 def _remove_spool(spool: str) -> None:
@@ -167,41 +170,11 @@ def _remove_spool(spool: str) -> None:
             os.remove(leftover)
 
 
-def _spooled(job: Job, quant: Quantizer, spool: str) -> int:
+def _spooled(job: Job, quant: Quantizer, spool: str, out: WholeOutput | None) -> int:
     """Run `job` into a float32 Parquet `spool`, then quantize the spool into the job's output."""
     code = run_job(replace(job, target=Target(spool, "parquet")))
-    _quantize_spool(spool, job, quant)
+    _quantize_spool(spool, job, quant, out)
     return code
-
-
-def _finished_quantized(job: Job) -> int | None:
-    """Exit code when the output already holds this job's complete result; UsageError if made otherwise."""
-    source, target = job.source, job.target
-    existing = output_metadata(target.path, target.fmt)
-    if existing is None and not job.flags.overwrite and not os.path.exists(os.path.abspath(target.path) + SPOOL_SUFFIX):
-        check_foreign_file(target.path)  # with its spool beside it, a kill cut the last commit's renames
-    if existing is None or job.flags.overwrite or not isinstance(source, BatchSource):
-        return None
-    cfg = config_key(job.provenance, source.options(), "parquet")
-    if existing.get(KEY_CONFIG_KEY) != cfg:
-        raise UsageError(f"{target.path} was made with a different config; pass --overwrite to replace it, "
-                         "or choose another -o")
-    if existing.get(KEY_JOB) == job_key(cfg, source.fingerprints(source.paths())) and existing.get(KEY_COMPLETE) == "true":
-        if not job.reporting.quiet:
-            print(f"embedcli: {target.path} is already complete (same inputs and config): nothing to do", file=sys.stderr)
-        return EXIT_OK  # README: 0 when the output was already complete, whatever its run skipped
-    return None
-
-
-def _guard_output_staging(job: Job) -> None:
-    """Staged work of an interrupted run of another config at the output: refused as on every path (exit 2
-    unless --overwrite), never published over (the spool stages elsewhere)."""
-    source = job.source
-    if not isinstance(source, BatchSource):
-        return
-    options = source.options()
-    meta = {**job.provenance, KEY_INPUT_OPTIONS: json.dumps(options, sort_keys=True)}
-    guard_staged_work(job.target.path, config_key(job.provenance, options, "parquet"), meta, job.flags.overwrite)
 
 
 def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None:
@@ -222,27 +195,26 @@ def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None
         print(f"embedcli: {quant.precision} ranges computed from only {rows} embeddings", file=sys.stderr)
 
 
-def _quantize_spool(spool: str, job: Job, quant: Quantizer) -> None:
+def _quantize_spool(spool: str, job: Job, quant: Quantizer, out: WholeOutput | None) -> None:
     """Ranges from the whole float32 spool, then the spool quantized into the output (one atomic write)."""
     source = pq.ParquetFile(spool)
     _spool_ranges(source, quant, job.reporting.quiet)
-    # the spool's metadata (config and job keys, rows, completeness) describes the output too
-    final_meta = {**(output_metadata(spool, "parquet") or job.provenance), **quant.metadata()}
-    path, fmt = job.target.path, job.target.fmt
-    # a run killed in this write left its temp files; the spool's run cleaned only the spool's
-    remove_tmp_files(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
-    writer = None
+    # the spool's metadata (rows skipped, errors, ...) describes the output too
+    spool_meta = {**(output_metadata(spool, "parquet") or job.provenance), **quant.metadata()}
+    empty = source.schema_arrow.empty_table().replace_schema_metadata(None)  # the spool's columns and types
+    schema = quant.table(empty).schema
+    tables = (quant.table(pa.Table.from_batches([rb])) for rb in source.iter_batches(batch_size=8192))
+    if out is None:  # stdout: nothing to resume or replace
+        _write_stream(open_writer(job.target.path, schema, spool_meta, fmt=job.target.fmt), tables)
+        return
+    out.publish_stream(schema, source.metadata.num_rows, tables, spool_meta)
+
+
+def _write_stream(writer: Any, tables: Any) -> None:
     try:
-        for rb in source.iter_batches(batch_size=8192):
-            table = quant.table(pa.Table.from_batches([rb]))
-            if writer is None:
-                writer = open_writer(path, table.schema, final_meta, fmt=fmt)
+        for table in tables:
             writer.write(table)
-        if writer is None:
-            empty = source.schema_arrow.empty_table().replace_schema_metadata(None)  # the spool's columns and types
-            writer = open_writer(path, quant.table(empty).schema, final_meta, fmt=fmt)
         writer.commit()
     except BaseException:
-        if writer is not None:
-            writer.abort()
+        writer.abort()
         raise

@@ -17,7 +17,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-
 _PROBE = """
 import atexit, runpy, sys
 sys.argv = ["embedcli", *sys.argv[1:]]
