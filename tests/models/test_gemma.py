@@ -411,24 +411,25 @@ def _config(folder: Path, **change: object) -> JsonConfig:
         ("gemma2", {"layer_types": ["chunked_attention"] * 4}, "layer_types"),
         ("gemma2", {"layer_types": ["full_attention"] * 3}, "layer_types"),
         ("gemma2", {"sliding_window": None}, "sliding_window"),
-        ("gemma2", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "RoPE type"),
+        ("gemma2", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "rope_parameters"),
         ("gemma2", {"hidden_activation": "mish"}, "activation"),
         ("gemma2", {"attn_logit_softcapping": 0.0}, "attn_logit_softcapping"),
         ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
-        ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_scaling"),
-        ("gemma3-legacy", {"rope_scaling": {"type": "linear", "factor": 8.0}}, "under 'type'"),
+        ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_parameters"),  # not beside it
+        ("gemma3-legacy", {"rope_scaling": {"type": "linear", "factor": 8.0}}, "rope_scaling"),
         ("gemma", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
         ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ("gemma", {"hidden_act": "gelu_fancy"}, "activation"),
-        ("gemma3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters without"),
+        ("gemma3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
         ("gemma3", {"rope_parameters": {**LINEAR_ROPE, "sliding_attention": {"rope_type": "dynamic", "factor": 2.0}}},
-         "RoPE type"),
+         "rope_parameters"),
         ("gemma3", {"rope_parameters": {**LINEAR_ROPE, "full_attention": {"rope_type": "default",
                                                                           "partial_rotary_factor": 0.5}}},
          "partial"),
     ],
 )
 def test_check_refuses_what_it_does_not_compute(gemma, name, change, message) -> None:
+    """The load-time guard (the registry's declarations) names the key it does not compute."""
     cls = {"gemma2": Gemma2Model, "gemma": GemmaV1Model}.get(name, Gemma3TextModel)
     cls.check(_config(gemma[name]))
     with pytest.raises(UnsupportedCheckpoint, match=message):

@@ -177,3 +177,24 @@ def test_own_choice_refuses_the_fallback() -> None:
 
     with pytest.raises(ConfigRefusedError, match=r"hidden_act='mish'.*EMBEDCLI_BACKBONE=own"):
         plan_backbone({"model_type": "bert", "hidden_act": "mish"}, "base", "own")
+
+
+@pytest.mark.parametrize(("model_type", "key", "value"), FLIPS, ids=[f"{t}-{k}={v}" for t, k, v in FLIPS])
+def test_an_own_backbone_built_directly_refuses_what_its_entry_does_not_implement(
+    tmp_path: Path, model_type: str, key: str, value: Any
+) -> None:
+    """The backbone's load-time guard reads the same declarations as the plan: no second list to drift."""
+    from embedcli.models.backbones.build import backbone_class
+    from embedcli.models.backbones.layers import JsonConfig, UnsupportedCheckpoint, skip_init_weights
+    from embedcli.models.registry import REGISTRY, unimplemented_key
+
+    folder = _build(model_type, tmp_path / "m", key, value)
+    config = JsonConfig.read(folder)
+    entry = REGISTRY[model_type]
+    assert entry.backbone is not None
+    with skip_init_weights():
+        if unimplemented_key(entry, vars(config)) is None:
+            backbone_class(entry.backbone)(config)
+        else:
+            with pytest.raises(UnsupportedCheckpoint, match="not implemented by the own backbone"):
+                backbone_class(entry.backbone)(config)

@@ -14,8 +14,8 @@ from torch import nn
 from embedcli.models.backbones.layers import (
     EncoderLayer,
     JsonConfig,
-    UnsupportedCheckpoint,
     Weights,
+    check_registry,
     copy_norm,
 )
 from embedcli.models.kernels.packing import PackInfo
@@ -51,11 +51,8 @@ class BertModel(nn.Module):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """Refuse config options this implementation does not compute exactly."""
-        if config.get("position_embedding_type", "absolute") != "absolute":
-            raise UnsupportedCheckpoint(f"position_embedding_type {config.position_embedding_type!r}")
-        if config.get("is_decoder") or config.get("add_cross_attention"):
-            raise UnsupportedCheckpoint("a BERT decoder / cross-attention checkpoint")
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
+        check_registry(config)
 
     def layer_names(self, i: int) -> dict[str, str | tuple[str, ...]]:
         """Checkpoint names of layer `i`'s tensors (relative to the model prefix)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from embedcli.models.backbones.bert import BertModel
-from embedcli.models.backbones.layers import JsonConfig, UnsupportedCheckpoint
+from embedcli.models.backbones.layers import JsonConfig, UnsupportedCheckpoint, check_registry
 
 # transformers' DistilBERT hard-codes its LayerNorm eps instead of reading the config.
 LAYER_NORM_EPS = 1e-12
@@ -38,7 +38,8 @@ class DistilBertModel(BertModel):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """DistilBERT has no variants this implementation leaves out."""
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
+        check_registry(config)
         if config.get("dim") is None and config.get("hidden_size") is None:
             raise UnsupportedCheckpoint("no dim in config.json")
 

@@ -26,6 +26,7 @@ from embedcli.models.backbones.layers import (
     UnsupportedCheckpoint,
     Weights,
     activation,
+    check_registry,
     copy_linear,
     copy_norm,
 )
@@ -315,9 +316,10 @@ class GemmaModel(nn.Module):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """Refuse config values this implementation does not compute exactly (see `GEMMA_KEYS` in the report)."""
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
         if str(config.get("model_type", cls.model_type)) != cls.model_type:
             raise UnsupportedCheckpoint(f"model_type {config.get('model_type')!r} is not {cls.model_type}")
+        check_registry(config)
         types = cls.types_of_layers(config)
         if len(types) != int(config.num_hidden_layers) or any(t not in LAYER_TYPES for t in types):
             raise UnsupportedCheckpoint(f"layer_types {types!r}")
@@ -410,14 +412,6 @@ class GemmaV1Model(GemmaModel):
     sandwich: ClassVar[bool] = False
 
     @classmethod
-    def check(cls, config: JsonConfig) -> None:
-        """Causal, and none of Gemma2's keys (transformers' Gemma ignores them); then the shared checks."""
-        for key in ("use_bidirectional_attention", "attn_logit_softcapping", "final_logit_softcapping", "layer_types"):
-            if config.get(key):
-                raise UnsupportedCheckpoint(f"gemma with {key} (transformers' Gemma ignores it)")
-        super().check(config)
-
-    @classmethod
     def types_of_layers(cls, config: JsonConfig) -> list[str]:
         """Every layer attends in full."""
         return ["full_attention"] * int(config.num_hidden_layers)
@@ -446,13 +440,6 @@ class Gemma2Model(GemmaModel):
     default_caps: ClassVar[dict[str, float | None]] = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 
     @classmethod
-    def check(cls, config: JsonConfig) -> None:
-        """Gemma2 is causal only here; then the shared checks."""
-        if config.get("use_bidirectional_attention"):
-            raise UnsupportedCheckpoint("gemma2 with use_bidirectional_attention")
-        super().check(config)
-
-    @classmethod
     def types_of_layers(cls, config: JsonConfig) -> list[str]:
         """`layer_types`, else sliding on even layers (Gemma2Config)."""
         declared = config.get("layer_types")
@@ -474,13 +461,6 @@ class Gemma3TextModel(GemmaModel):
 
     model_type: ClassVar[str] = "gemma3_text"
     qk_norm: ClassVar[bool] = True
-
-    @classmethod
-    def check(cls, config: JsonConfig) -> None:
-        """No attention cap (transformers' Gemma3 attention never passes it on); then the shared checks."""
-        if config.get("attn_logit_softcapping") is not None:
-            raise UnsupportedCheckpoint("gemma3 with attn_logit_softcapping (transformers ignores it)")
-        super().check(config)
 
     @classmethod
     def types_of_layers(cls, config: JsonConfig) -> list[str]:

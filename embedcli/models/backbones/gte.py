@@ -19,6 +19,7 @@ from embedcli.models.backbones.layers import (
     UnsupportedCheckpoint,
     Weights,
     activation,
+    check_registry,
     copy_linear,
     copy_norm,
 )
@@ -26,8 +27,6 @@ from embedcli.models.backbones.llama import RMSNorm
 from embedcli.models.backbones.rope import default_inv_freq, rope_tables
 from embedcli.models.backbones.rope_encoder import RopeEncoderLayer
 from embedcli.models.kernels.packing import PackInfo
-
-LAYER_NORM_TYPES = ("layer_norm", "rms_norm")
 
 
 def ntk_inv_freq(config: JsonConfig, head_dim: int) -> torch.Tensor:
@@ -81,22 +80,11 @@ class GteModel(nn.Module):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """Refuse config options this implementation does not compute exactly."""
-        if config.get("position_embedding_type", "rope") != "rope":
-            raise UnsupportedCheckpoint(f"GTE position_embedding_type {config.position_embedding_type!r}")
-        if config.get("layer_norm_type", "layer_norm") not in LAYER_NORM_TYPES:
-            raise UnsupportedCheckpoint(f"GTE layer_norm_type {config.layer_norm_type!r}")
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
+        check_registry(config)
         hidden, heads = int(config.get("hidden_size", 768)), int(config.get("num_attention_heads", 12))
         if hidden % heads or (hidden // heads) % 2:
             raise UnsupportedCheckpoint(f"GTE head size {hidden} / {heads}")
-        activation(config.get("hidden_act", "gelu"))
-        scaling = config.get("rope_scaling")
-        if scaling is not None:
-            if not isinstance(scaling, dict) or scaling.get("type") != "ntk" or "factor" not in scaling:
-                raise UnsupportedCheckpoint(f"GTE rope_scaling {scaling!r} (new-impl knows type 'ntk' only)")
-            if float(scaling["factor"]) <= 1.0:
-                # Frequencies would then change with the longest sequence of each forward.
-                raise UnsupportedCheckpoint(f"GTE rope_scaling factor {scaling['factor']!r} <= 1")
 
     def load(self, state: dict[str, torch.Tensor]) -> Weights:
         """Copy the checkpoint's tensors in (fusing q/k/v when the checkpoint keeps them apart)."""

@@ -28,6 +28,7 @@ from embedcli.models.kernels.packing import (
     grouped_attention,
     packed_attention,
 )
+from embedcli.models.registry import REGISTRY, unimplemented_key
 
 StateDict = dict[str, torch.Tensor]
 
@@ -226,3 +227,19 @@ class EncoderLayer(nn.Module):
         context = varlen_attention(linear(self.qkv, x), pack, self.heads, self.head_dim, bias=bias)
         x = self.attn_norm(linear(self.attn_out, context) + x)
         return self.out_norm(linear(self.down, linear(self.up, x, self.act)) + x)
+
+
+def check_registry(config: JsonConfig) -> None:
+    """Refuse, at construction, a config whose registry entry says the own backbone does not compute it.
+
+    The registry's plan has already sent such a checkpoint to the fallback; this guards a backbone built any
+    other way, from the same declarations (the registry is the one source of which values are implemented).
+    """
+    model_type = str(config.get("model_type", ""))
+    entry = REGISTRY.get(model_type)
+    if entry is None or entry.backbone is None:
+        raise UnsupportedCheckpoint(f"model_type {model_type!r} has no own backbone in the registry")
+    key = unimplemented_key(entry, vars(config))
+    if key is not None:
+        raise UnsupportedCheckpoint(f"{key} is not implemented by the own backbone")
+

@@ -19,6 +19,7 @@ from embedcli.models.backbones.layers import (
     UnsupportedCheckpoint,
     Weights,
     activation,
+    check_registry,
     copy_linear,
     copy_norm,
 )
@@ -163,11 +164,8 @@ class LlamaModel(nn.Module):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """Refuse what this implementation does not compute exactly: a sliding window shorter than the context."""
-        window = config.get("sliding_window")
-        uses_window = config.get("use_sliding_window", True) is not False
-        if window is not None and uses_window and int(window) < int(config.get("max_position_embeddings", 0)):
-            raise UnsupportedCheckpoint(f"sliding-window attention ({window} of {config.max_position_embeddings})")
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
+        check_registry(config)
         if "sliding_attention" in (config.get("layer_types") or []):
             raise UnsupportedCheckpoint("sliding-window attention layers")
 

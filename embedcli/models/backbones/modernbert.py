@@ -19,6 +19,7 @@ from embedcli.models.backbones.layers import (
     UnsupportedCheckpoint,
     Weights,
     activation,
+    check_registry,
     copy_linear,
     copy_norm,
     varlen_attention,
@@ -31,7 +32,6 @@ GLOBAL, LOCAL = "full_attention", "sliding_attention"
 # transformers' ModernBertConfig: theta per layer type, and the older flat keys that set them.
 DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}
 LEGACY_THETA = {GLOBAL: "global_rope_theta", LOCAL: "local_rope_theta"}
-CLASSIFIER_POOLING = ("cls", "mean")
 
 
 def layer_types(config: JsonConfig) -> list[str]:
@@ -176,25 +176,11 @@ class ModernBertModel(nn.Module):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """Refuse config values this implementation does not compute exactly (see the module doc)."""
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
+        check_registry(config)
         hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
         if hidden % heads:
             raise UnsupportedCheckpoint(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-        head_dim = config.get("head_dim")
-        if head_dim is not None and int(head_dim) != hidden // heads:
-            raise UnsupportedCheckpoint(f"head_dim {head_dim} (RoPE over a width other than hidden / heads)")
-        if int(config.get("local_attention", 128)) < 0:
-            raise UnsupportedCheckpoint(f"local_attention {config.local_attention}")
-        window = config.get("sliding_window")
-        if window is not None and int(window) != local_reach(config):
-            raise UnsupportedCheckpoint(f"sliding_window {window} disagrees with local_attention // 2")
-        pooling = config.get("classifier_pooling", "cls")
-        if pooling not in CLASSIFIER_POOLING:
-            raise UnsupportedCheckpoint(f"classifier_pooling {pooling!r}")
-        for key in ("hidden_activation", "classifier_activation"):
-            activation(config.get(key, "gelu"))
-        layer_types(config)
-        rope_thetas(config)
 
     def load(self, state: dict[str, torch.Tensor]) -> Weights:
         """Copy the checkpoint's tensors in; returns the lookup, which also serves heads."""

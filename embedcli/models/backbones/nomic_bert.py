@@ -21,13 +21,14 @@ from embedcli.models.backbones.layers import (
     JsonConfig,
     UnsupportedCheckpoint,
     Weights,
+    check_registry,
     copy_linear,
     copy_norm,
 )
 from embedcli.models.backbones.rope import default_inv_freq, rope_tables
 from embedcli.models.backbones.rope_encoder import RopeEncoderLayer
 from embedcli.models.kernels.packing import PackInfo
-from embedcli.models.registry import nomic_intermediate, nomic_native_mismatch
+from embedcli.models.registry import nomic_intermediate
 
 # The remote code's gated activations: `glu` is F.glu (up * sigmoid(gate)), `geglu` the exact erf GELU.
 GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -35,27 +36,9 @@ GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "geglu": F.gelu,
     "glu": torch.sigmoid,
 }
-# Options the remote code implements differently from the plain post-norm encoder (or ignores): refused
-# unless they hold the value shown (which is also their default).
-_FIXED: dict[str, object] = {
-    "prenorm": False,
-    "parallel_block": False,
-    "use_rms_norm": False,
-    "causal": False,
-    "norm_mlp": False,
-    "rotary_emb_scale_base": None,
-    "rotary_head_dim": False,
-}
-
-
 def _intermediate(config: JsonConfig) -> int:
     """The gated MLP's width (see `registry.nomic_intermediate`)."""
     return nomic_intermediate(vars(config))
-
-
-def _native_mismatch(config: JsonConfig) -> str | None:
-    """Why transformers' own `nomic_bert` would compute other numbers (see `registry.nomic_native_mismatch`)."""
-    return nomic_native_mismatch(vars(config))
 
 
 class NomicBertModel(nn.Module):
@@ -102,25 +85,10 @@ class NomicBertModel(nn.Module):
 
     @classmethod
     def check(cls, config: JsonConfig) -> None:
-        """Refuse config options this implementation does not compute exactly."""
-        for key in ("n_embd", "n_head", "n_layer", "vocab_size"):
-            if config.get(key) is None:
-                raise UnsupportedCheckpoint(f"nomic_bert config without {key!r} (GPT-2 style keys are read)")
-        for key, value in _FIXED.items():
-            if config.get(key, value) != value:
-                raise UnsupportedCheckpoint(f"nomic_bert {key}={config.get(key)!r}")
-        if str(config.get("activation_function", "gelu_new")) not in GATED_ACTIVATIONS:
-            raise UnsupportedCheckpoint(f"nomic_bert activation_function {config.get('activation_function')!r}")
-        hidden, heads = int(config.n_embd), int(config.n_head)
-        if hidden % heads or int(config.get("num_heads_kv") or heads) != heads:
-            raise UnsupportedCheckpoint("nomic_bert head layout (n_embd % n_head, num_heads_kv)")
-        rotary = float(config.get("rotary_emb_fraction", 0.0)) * (hidden // heads)
-        if rotary <= 0 or rotary != int(rotary) or int(rotary) % 2:
-            raise UnsupportedCheckpoint(f"nomic_bert rotary_emb_fraction {config.get('rotary_emb_fraction')!r}")
-        if not config.get("auto_map"):
-            why = _native_mismatch(config)
-            if why is not None:
-                raise UnsupportedCheckpoint(why)
+        """Refuse config values this implementation does not compute exactly (the registry entry's keys)."""
+        check_registry(config)
+        if config.get("vocab_size") is None or int(config.n_embd) % int(config.n_head):
+            raise UnsupportedCheckpoint("nomic_bert head layout (n_embd % n_head) or no vocab_size")
 
     def load(self, state: dict[str, torch.Tensor]) -> Weights:
         """Copy the checkpoint's tensors in (fusing the MLP's up and gate halves)."""
