@@ -260,11 +260,16 @@ def families(
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
     paths["corpus"] = corpus
     runner = CliRunner()
-    for case in CASES:
-        out = root / f"{case}.parquet"
-        result = runner.invoke(app, [*case_args(paths, case, out), "-q"], env={"EMBEDCLI_CACHE_DIR": str(made["cache"])})
-        assert result.exit_code == 0, (case, result.output, result.exception)
-        paths[case] = out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the fresh interpreters run (OMP_NUM_THREADS=1): the same sums, the same bits
+    try:
+        for case in CASES:
+            out = root / f"{case}.parquet"
+            result = runner.invoke(app, [*case_args(paths, case, out), "-q"], env={"EMBEDCLI_CACHE_DIR": str(made["cache"])})
+            assert result.exit_code == 0, (case, result.output, result.exception)
+            paths[case] = out
+    finally:
+        torch.set_num_threads(threads)
     return paths
 
 
