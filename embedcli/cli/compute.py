@@ -274,8 +274,8 @@ score.__doc__ = inspect.cleandoc(score.__doc__ or "") + "\n\n" + PAIR_NOTE
 
 
 @app.command(
-    epilog="Examples: [bold]embedcli classify news.jsonl -m ./topic-classifier --top-k 2 --all-scores "
-    "-o labels.parquet[/bold]   Text pairs (NLI): [bold]embedcli classify pairs.jsonl -m "
+    epilog="Example: [bold]embedcli classify news.jsonl -m ./topic-classifier --top-k 2 --all-scores "
+    "-o labels.parquet[/bold]\n\nText pairs (NLI): [bold]embedcli classify pairs.jsonl -m "
     "cross-encoder/nli-deberta-v3-base --text-col premise --pair-col hypothesis --activation softmax "
     "--all-scores -o nli.parquet[/bold]",
 )

@@ -18,11 +18,11 @@ from embedcli.compute.choice import can_do, require_task
 from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
+from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
-from embedcli.models.spec import ModelSpec
 from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,

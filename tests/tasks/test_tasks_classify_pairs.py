@@ -212,6 +212,11 @@ def test_usage_errors(cli, nli, st_model, tmp_path) -> None:  # type: ignore[no-
     embedder = cli("classify", src, "-m", st_model, "--text-col", "premise", "--pair-col", "hypothesis", "-o", out,
                    code=2)
     assert "cannot do 'classify'" in embedder.stderr
+    from tests.fixtures.tiny_families import build_llm_reranker
+
+    _, reranker = build_llm_reranker("qwen3", tmp_path / "llm")
+    llm = cli("classify", src, "-m", reranker, "--text-col", "premise", "--pair-col", "hypothesis", "-o", out, code=2)
+    assert "LLM reranker" in llm.stderr and "embedcli score --left-col premise --right-col hypothesis" in llm.stderr
     assert not out.exists()
 
 
