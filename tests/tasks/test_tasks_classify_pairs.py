@@ -80,7 +80,7 @@ def _oracle(folder: Path, softmax: bool) -> np.ndarray:
 
     ce = CrossEncoder(str(folder), device="cpu")
     assert isinstance(ce.activation_fn, torch.nn.Identity)  # what sentence-transformers 6 saves for 3 labels
-    assert ce.max_length == MAX_LENGTH
+    assert ce.max_seq_length == MAX_LENGTH
     return np.asarray(ce.predict(PAIRS, apply_softmax=softmax, batch_size=3), dtype=np.float64)
 
 
