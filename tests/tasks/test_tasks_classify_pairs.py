@@ -1,6 +1,7 @@
 """`embedcli classify --pair-col`: NLI-style cross-encoders (three labels) on text pairs against
 sentence-transformers 6.2's `CrossEncoder.predict`, with and without `apply_softmax`, on tiny random
-checkpoints saved by `CrossEncoder.save_pretrained` (BERT on the own backbone, DeBERTa-v2 on the
+checkpoints saved by `CrossEncoder.save_pretrained` (BERT with WordPiece and RoBERTa with byte-level BPE on
+the own backbones; DeBERTa-v3 style, a DeBERTa-v2 model with a sentencepiece-Unigram tokenizer, on the
 transformers fallback), packed at three token budgets, long pairs cut by `longest_first`."""
 
 from __future__ import annotations
@@ -33,23 +34,82 @@ PAIRS = [
 ]
 
 
+def write_deberta_v3_tokenizer(folder: Path) -> int:
+    """A DeBERTa-v3 style tokenizer (sentencepiece Unigram with Metaspace, cased; [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3;
+    pairs `[CLS] A [SEP] B [SEP]` with types 0…0 1…1) saved by transformers' DebertaV2Tokenizer; returns its size."""
+    import string
+
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    from tests.fixtures.tiny_models import build_vocab
+
+    pieces: dict[str, float] = dict.fromkeys(["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], 0.0)
+    words = [w for w in build_vocab() if not w.startswith(("[", "##"))]
+    for i, w in enumerate(words):
+        pieces.setdefault("▁" + w, -1.0 - i % 7)
+    for c in string.ascii_letters + string.digits + string.punctuation:
+        pieces.setdefault(c, -12.0)
+    pieces.setdefault("▁", -6.0)
+    tok = Tokenizer(models.Unigram(list(pieces.items()), unk_id=3, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    tf.DebertaV2Tokenizer(
+        tokenizer_object=tok, bos_token="[CLS]", eos_token="[SEP]", unk_token="[UNK]", sep_token="[SEP]",
+        pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]", do_lower_case=False,
+    ).save_pretrained(str(folder))
+    return len(pieces)
+
+
+def write_roberta_tokenizer(folder: Path) -> int:
+    """A RoBERTa style tokenizer (byte-level BPE, whitespace-sensitive; pairs `<s> A </s></s> B </s>`, no token
+    types) trained on the shared words and saved by transformers' RobertaTokenizer; returns its size."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.fixtures.tiny_models import SAMPLE_TEXTS, build_vocab
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([" ".join(w for w in build_vocab() if not w.startswith(("[", "##"))), *SAMPLE_TEXTS,
+                             LONG_TEXT], trainer)
+    saved = tf.RobertaTokenizer(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>", unk_token="<unk>",
+        pad_token="<pad>", mask_token="<mask>",
+    )
+    saved.save_pretrained(str(folder))
+    return len(saved)
+
+
 def _build(root: Path, kind: str, num_labels: int, seed: int) -> Path:
     """A cross-encoder of `kind` saved as sentence-transformers 6 saves one (`CrossEncoder.save_pretrained`)."""
     import transformers as tf
     from sentence_transformers import CrossEncoder
 
     base = root / f"{kind}-{num_labels}-base"
-    vocab = write_tokenizer(base)
+    base.mkdir(parents=True)
+    writers = {"bert": write_tokenizer, "roberta": write_roberta_tokenizer, "deberta": write_deberta_v3_tokenizer}
+    vocab = writers[kind](base)
     labels = NLI_LABELS if num_labels == 3 else {0: "LABEL_0"}
     common: dict[str, Any] = {
         "vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 64, "max_position_embeddings": 128, "pad_token_id": 1,
+        "intermediate_size": 64, "max_position_embeddings": 130, "pad_token_id": 0 if kind == "deberta" else 1,
         "initializer_range": 0.2,  # wide enough weights that the label changes from pair to pair
         "id2label": labels, "label2id": {v: k for k, v in labels.items()},
     }
     torch.manual_seed(seed)
     if kind == "bert":
         model: Any = tf.BertForSequenceClassification(tf.BertConfig(**common))
+    elif kind == "roberta":  # nli-roberta-base / nli-distilroberta-base style: one token type, positions after pad
+        model = tf.RobertaForSequenceClassification(tf.RobertaConfig(**common, type_vocab_size=1))
     else:  # DeBERTa-v3 style: relative attention, no token type embeddings
         model = tf.DebertaV2ForSequenceClassification(tf.DebertaV2Config(
             **common, relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"],
@@ -110,7 +170,7 @@ def _scores(table: pa.Table) -> np.ndarray:
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
-@pytest.mark.parametrize("kind", ["bert", "deberta"])
+@pytest.mark.parametrize("kind", ["bert", "roberta", "deberta"])
 def test_pairs_equal_cross_encoder_predict(cli, nli, tmp_path, kind, budget) -> None:  # type: ignore[no-untyped-def]
     folder = nli(kind)
     src = _pairs_file(tmp_path)
@@ -138,6 +198,7 @@ def test_pairs_equal_cross_encoder_predict(cli, nli, tmp_path, kind, budget) -> 
 def test_deberta_runs_on_the_fallback_and_bert_on_its_own_backbone(cli, nli) -> None:  # type: ignore[no-untyped-def]
     assert json.loads(cli("info", nli("deberta"), "--json").stdout)["runs_on"].startswith("transformers")
     assert json.loads(cli("info", nli("bert"), "--json").stdout)["runs_on"].startswith("own backbone")
+    assert json.loads(cli("info", nli("roberta"), "--json").stdout)["runs_on"].startswith("own backbone")
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -150,6 +211,20 @@ def test_csv_and_parquet_inputs_equal_jsonl(cli, nli, tmp_path, fmt) -> None:  #
     assert a.column("label").to_pylist() == b.column("label").to_pylist()
     assert b.column("hypothesis").to_pylist() == [h for _, h in PAIRS]  # the pair column can be kept too
     assert np.abs(_scores(a) - _oracle(folder, False)).max() <= 1e-5
+
+
+def test_strip_strips_both_texts_of_a_pair(cli, nli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Whitespace is kept by default (CrossEncoder keeps it); --strip strips the second text as the first."""
+    from sentence_transformers import CrossEncoder
+
+    folder = nli("roberta")  # byte-level BPE: outer whitespace changes the tokens
+    out = tmp_path / "stripped.parquet"
+    _classify(cli, folder, _pairs_file(tmp_path), out, "--strip")
+    ce = CrossEncoder(str(folder), device="cpu")
+    stripped = ce.predict([(a.strip(), b.strip()) for a, b in PAIRS])
+    first_only = ce.predict([(a.strip(), b) for a, b in PAIRS])
+    assert np.abs(first_only[5] - stripped[5]).max() > 1e-3  # the pair's second text has outer whitespace
+    assert np.abs(_scores(pq.read_table(out)) - stripped).max() <= 1e-5
 
 
 def test_one_label_cross_encoder_pairs_equal_score(cli, nli, tmp_path) -> None:  # type: ignore[no-untyped-def]
