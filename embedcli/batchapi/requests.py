@@ -13,7 +13,9 @@ Mirrored shapes (vllm-project/vllm; the `entrypoints/pooling/` layout, before th
 - `/score`: `queries`/`documents`, `queries`/`items`, `data_1`/`data_2`, `text_1`/`text_2`; `/rerank`:
   `query`, `documents`, `top_n`; both `use_activation` — pooling/score/protocol.py @ 1fff4ef8
   (`return_documents` is Cohere's rerank flag; vLLM always echoes the document, which is the default);
-- `/classify`: `input`, `use_activation` — pooling/classify/protocol.py @ dff4cad3;
+- `/classify`: `input`, `use_activation` — pooling/classify/protocol.py @ dff4cad3 (also at 055e47c2, under
+  `frontend/`): texts or token ids only, no text pairs, so a pair there is a bad line naming
+  `embedcli classify --pair-col`; vLLM's `/score` takes pairs for one-label models only (a scalar score);
 - `/pooling`: `input`, `task`, `dimensions`, `normalize`/`use_activation`, encoding fields —
   pooling/pooling/protocol.py @ 343bacaf.
 A SPLADE model (`ServedModel.sparse`) is served as vLLM serves `BertSpladeSparseEmbeddingModel`, whose one
@@ -317,6 +319,10 @@ def _raw_completion_inputs(body: _Body, name: str) -> list[UnitInput]:
     if all(isinstance(v, list) for v in value):
         out: list[UnitInput] = []
         for i, ids in enumerate(value):
+            if ids and all(isinstance(t, str) for t in ids):
+                # vLLM's completion input (/classify, /pooling, /v1/embeddings) has no text pairs.
+                raise BadRequest(f"{param}[{i}]", "text pairs are not accepted here (vLLM's input is texts or token "
+                                 "ids); score a pair with /score, or classify pairs with `embedcli classify --pair-col`")
             if not ids or not all(_is_token_id(t) for t in ids):
                 raise BadRequest(f"{param}[{i}]", "must be a non-empty list of token ids (integers >= 0)")
             out.append(tuple(ids))

@@ -275,7 +275,9 @@ score.__doc__ = inspect.cleandoc(score.__doc__ or "") + "\n\n" + PAIR_NOTE
 
 @app.command(
     epilog="Example: [bold]embedcli classify news.jsonl -m ./topic-classifier --top-k 2 --all-scores "
-    "-o labels.parquet[/bold]",
+    "-o labels.parquet[/bold]\n\nText pairs (NLI): [bold]embedcli classify pairs.jsonl -m "
+    "cross-encoder/nli-deberta-v3-base --text-col premise --pair-col hypothesis --activation softmax "
+    "--all-scores -o nli.parquet[/bold]",
 )
 @unattended
 def classify(
@@ -283,6 +285,12 @@ def classify(
     output: str = OPT_OUTPUT,
     model: str | None = OPT_MODEL,
     text_col: str = OPT_TEXT_COL,
+    pair_col: str | None = typer.Option(
+        None, "--pair-col", envvar=env("pair-col"), rich_help_panel=INPUT,
+        help="Classify text pairs: this column holds each row's second text (--text-col the first), tokenized "
+        "as CrossEncoder tokenizes a pair (longest_first truncation), e.g. an NLI premise and hypothesis. "
+        "A null second text is a bad row (--on-error).",
+    ),
     id_col: str | None = OPT_ID_COL,
     keep_cols: str = OPT_KEEP,
     fmt: str | None = OPT_FORMAT,
@@ -315,6 +323,8 @@ def classify(
     """Classify each row: id, label (the argmax), score (its probability) and kept columns.
 
     A one-label model's label is that label whatever the score (vLLM); a multi-label model scores each label independently (sigmoid).
+
+    With --pair-col each row is a text pair, scored as sentence-transformers' CrossEncoder.predict scores it: the checkpoint's activation (sentence-transformers 6 saves Identity for more than one label: raw logits), or --activation softmax for predict(apply_softmax=True).
     """
     from embedcli.run.source import InputOptions
     from embedcli.tasks.classify import ClassifyOptions, run_classify
@@ -330,7 +340,7 @@ def classify(
             ClassifyOptions(
                 activation=activation, top_k=top_k, all_scores=all_scores, logit_mean=logit_mean,
                 logit_sigma=logit_sigma, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
-                truncation_side=truncation_side, strip=strip,
+                truncation_side=truncation_side, strip=strip, pair_col=pair_col,
             ),
             OutputOptions(output, output_format, quiet, stats),
             flags,

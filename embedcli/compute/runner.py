@@ -123,11 +123,13 @@ class Runner:
         return torch.full((num_seqs,), self._prompt_tokens, dtype=torch.long) if self._prompt_tokens else None
 
     # -- tokenize ----------------------------------------------------------------------------------
-    def _prepare(self, text: str) -> str:
+    def _clean(self, text: str) -> str:
         if self.options.strip:
             text = text.strip()
-        if self.model.spec.do_lower_case:
-            text = text.lower()
+        return text.lower() if self.model.spec.do_lower_case else text
+
+    def _prepare(self, text: str) -> str:
+        text = self._clean(text)
         return self.options.prompt + text if self.options.prompt else text
 
     def tokenize(self, texts: Sequence[TextInput], first_row: int = 0) -> Encoded:
@@ -139,7 +141,9 @@ class Runner:
         else:
             tok.no_truncation()
         prepared: list[Any] = [
-            (self._prepare(t[0]), t[1]) if isinstance(t, tuple) else self._prepare(t) for t in texts
+            # A pair's second text is stripped and lower-cased like its first (sentence-transformers lowers
+            # every column); the prompt goes before the first only.
+            (self._prepare(t[0]), self._clean(t[1])) if isinstance(t, tuple) else self._prepare(t) for t in texts
         ]
         if mode == "truncate":  # cut huge texts by characters first; same tokens (embedcli.models.tokenization.char_clip)
             clipped, cut = clip_texts(prepared, self._clip_bound, self.options.truncation_side)

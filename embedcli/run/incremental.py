@@ -38,6 +38,7 @@ CONFIG_FLAGS = {
     "id_col": "--id-col",
     "keep_cols": "--keep-cols",
     "extra_text_cols": "text columns",
+    "pair_col": "--pair-col",
     "format": "--format",
 }
 

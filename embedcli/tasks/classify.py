@@ -1,4 +1,9 @@
-"""`embedcli classify`: a label and its score per row (and the top K, or every label's probability)."""
+"""`embedcli classify`: a label and its score per row (and the top K, or every label's probability).
+
+With `--pair-col` each row is a text pair (`--text-col`, `--pair-col`), tokenized as sentence-transformers'
+CrossEncoder tokenizes a pair (the tokenizer's text pair, `longest_first` truncation), so an NLI
+cross-encoder's three labels come out as `CrossEncoder.predict` gives them.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 
 from embedcli.compute.build import RunnerRecipe
-from embedcli.compute.choice import require_task
+from embedcli.compute.choice import can_do, require_task
 from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
+from embedcli.models.spec import ModelSpec
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
@@ -20,6 +26,7 @@ from embedcli.run.target import check_target
 from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
+    RowInputs,
     activation,
     calibration,
     load_spec,
@@ -42,6 +49,7 @@ class ClassifyOptions:
     long_inputs: str = "truncate"
     truncation_side: str = "right"
     strip: bool = False
+    pair_col: str | None = None  # each row's second text: the row is classified as a pair
 
 
 @dataclass(frozen=True)
@@ -52,10 +60,14 @@ class ClassifyCodec:
     top_k: int
     all_scores: bool
     keep_cols: tuple[str, ...] = ()
+    pair_col: str | None = None
 
     def inputs(self, batch: Any) -> Any:
-        """The batch's texts."""
-        return located(batch)
+        """The batch's texts, or (text, pair text) pairs with `--pair-col`."""
+        if self.pair_col is None:
+            return located(batch)
+        # nulls in either column were set aside as bad rows by the run's row checks
+        return RowInputs(zip(batch.texts, batch.extra_texts[self.pair_col], strict=True), batch)
 
     def table(self, batch: Any, probs: Any) -> Any:
         """The output rows of a batch."""
@@ -79,15 +91,30 @@ class ClassifyCodec:
         return self.table(empty_batch(self.keep_cols), np.zeros((0, len(self.labels)), np.float32))
 
 
+def check_pair_col(spec: ModelSpec, inputs: InputOptions, pair_col: str) -> None:
+    """UsageError unless `spec` can classify text pairs read from `--text-col` and `pair_col`."""
+    if pair_col == inputs.text_col:
+        raise UsageError(f"--pair-col {pair_col}: it is --text-col too; name the column of each row's second text")
+    if spec.head == "lm_score":
+        raise UsageError(
+            f"classify --pair-col: model {spec.name!r} is an LLM reranker, whose pair is a prompt template; "
+            f"score its pairs with `embedcli score --left-col {inputs.text_col} --right-col {pair_col}`; {can_do(spec)}"
+        )
+
+
 def run_classify(
     inputs: InputOptions, choice: ModelChoice, opts: ClassifyOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
+    pairs = (opts.pair_col,) if opts.pair_col is not None else ()
+    source = BatchSource(inputs, pairs)
+    check_head(source, strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")
+    if opts.pair_col is not None:
+        check_pair_col(spec, inputs, opts.pair_col)
     if not 1 <= opts.top_k <= spec.num_labels:
         raise UsageError(f"--top-k {opts.top_k}: the model has {spec.num_labels} labels")
     mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
@@ -99,11 +126,15 @@ def run_classify(
             truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         ),
     )
-    codec = ClassifyCodec(np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols))
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(
-        recipe, flags,
-        {"activation": opts.activation, "logit_mean": mean, "logit_sigma": sigma, "labels": list(spec.id2label),
-         "top_k": opts.top_k, "all_scores": opts.all_scores},
+    codec = ClassifyCodec(
+        np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols), opts.pair_col
     )
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    extra: dict[str, Any] = {
+        "activation": opts.activation, "logit_mean": mean, "logit_sigma": sigma, "labels": list(spec.id2label),
+        "top_k": opts.top_k, "all_scores": opts.all_scores,
+    }
+    if opts.pair_col is not None:  # only when given: single-text outputs keep their config hash (and resume)
+        extra["pair_col"] = opts.pair_col
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(recipe, flags, extra)
+    return run_job(make_job(source, engine, codec, meta, output, flags))

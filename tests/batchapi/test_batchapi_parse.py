@@ -278,6 +278,11 @@ def test_bad_lines_name_line_and_field(text: str, param: str | None, fragment: s
         (CLASSIFIER, "/rerank", {"query": "a", "documents": ["b"]}, "url", "does not support Rerank API"),
         (CLASSIFIER, "/pooling", {"input": "x", "task": "token_classify", "dimensions": 4}, "body.dimensions",
          "does not take dimensions"),
+        # vLLM's /classify input is texts or token ids: a text pair names the command that classifies pairs
+        (CLASSIFIER, "/classify", {"input": [["a premise", "a hypothesis"]]}, "body.input[0]",
+         "text pairs are not accepted here"),
+        (CLASSIFIER, "/pooling", {"input": [[101, 7], ["a", "b"]], "task": "classify"}, "body.input[1]",
+         "embedcli classify --pair-col"),
         (PLAIN_EMBEDDER, "/v1/embeddings", {"input": "x", "dimensions": 4}, "body.dimensions",
          "does not support matryoshka"),
         (PLAIN_EMBEDDER, "/v2/embed", {"texts": ["x"], "input_type": "query"}, "body.input_type",
