@@ -13,6 +13,7 @@ from embedcli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from embedcli.compute.runner import Runner
+    from embedcli.compute.static import StaticRunner
     from embedcli.models.loader import LoadedModel
 
 
@@ -24,6 +25,15 @@ class RunnerRecipe:
     model_options: ModelOptions
     runner_options: RunnerOptions
     threads: int | None = None
+
+
+def build_engine(recipe: RunnerRecipe) -> Runner | StaticRunner:
+    """The embed engine of `recipe`: a static model's numpy runner (no torch), else `build_runner`'s."""
+    if recipe.model_spec.head == "static":
+        from embedcli.compute.static import StaticRunner
+
+        return StaticRunner(recipe.model_spec, recipe.model_options, recipe.runner_options)
+    return build_runner(recipe)
 
 
 def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runner:
