@@ -124,10 +124,20 @@ class StaticModel:
         """The embedding-bag mean of each row's table rows, float32 `[rows, dim]`; a row of no tokens is zero."""
         out = np.zeros((len(batch.lengths), self.dim), dtype=np.float32)
         full = np.flatnonzero(batch.lengths)
-        if len(full):
-            starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]])[full]
-            sums = np.add.reduceat(self.table[batch.ids], starts, axis=0, dtype=np.float64)  # float64: exact to the last bit of a float32 mean
-            out[full] = sums / batch.lengths[full, None]
+        if not len(full):
+            return out
+        starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]])
+        if self.model2vec:
+            # model2vec's own arithmetic (rows of one length stacked, `embedding[ids].mean(axis=1)` in float32), so
+            # long unnormalized rows agree to the bit rather than to ~1e-5.
+            for length in np.unique(batch.lengths[full]).tolist():
+                rows = np.flatnonzero(batch.lengths == length)
+                ids = batch.ids[starts[rows, None] + np.arange(length)]
+                out[rows] = self.table[ids].mean(axis=1)
+            return out
+        # torch's EmbeddingBag sums in float32 in its own order; the float64 sum is the exact mean.
+        sums = np.add.reduceat(self.table[batch.ids], starts[full], axis=0, dtype=np.float64)
+        out[full] = sums / batch.lengths[full, None]
         return out
 
     def normalize(self, vectors: np.ndarray) -> np.ndarray:
