@@ -170,7 +170,8 @@ OPT_EMBED_DIMENSIONS = typer.Option(
     help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N must be at most "
     "the embedding size, and one of the model's sizes when it lists them (config.json "
     "matryoshka_dimensions); otherwise exit 2. A model that declares no Matryoshka support is truncated "
-    "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr.",
+    "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr. A static model's default "
+    "is its config_sentence_transformers.json truncate_dim, as sentence-transformers.",
 )
 OPT_EMBED_PROMPT = typer.Option(
     None, "--prompt", envvar=env("prompt"), rich_help_panel=MODEL,
