@@ -100,10 +100,7 @@ def embed(
     stats: str | None = OPT_STATS,
     flags: RunFlags | None = None,
 ) -> None:
-    """Embed each row's text into a vector: id, embedding (fixed_size_list<float32>\\[d]) and kept columns.
-
-    Static models (a model2vec folder such as minishlab/potion-base-8M, or a sentence-transformers StaticEmbedding such as sentence-transformers/static-retrieval-mrl-en-v1) run as a tokenizer and a mean of table rows in numpy, without torch, under each library's own token rules; float32 on the CPU only.
-    """
+    """Embed each row's text into a vector: id, embedding (fixed_size_list<float32>\\[d]) and kept columns; static models (model2vec, StaticEmbedding) run in numpy, without torch."""
     from embedcli.run.source import InputOptions
     from embedcli.tasks.common import ModelChoice, OutputOptions
     from embedcli.tasks.embed import EmbedOptions, run_embed

@@ -7,6 +7,7 @@ L2 normalization.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,11 +114,14 @@ class StaticModel:
         rows = [enc.ids for enc in encodings]
         if max_tokens is not None:
             truncated = max(truncated, sum(bool(enc.overflowing) for enc in encodings))
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
         if self.unk_id is not None:  # model2vec drops the unknown token (after truncation, as it does)
-            unk = self.unk_id
-            rows = [[t for t in r if t != unk] for r in rows]
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        flat = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(lengths.sum()))
+            keep = flat != self.unk_id
+            if not keep.all():
+                owner = np.repeat(np.arange(len(rows)), lengths)
+                lengths = np.bincount(owner[keep], minlength=len(rows)).astype(np.int64)
+                flat = flat[keep]
         return TokenBatch(flat, lengths, truncated)
 
     def mean_rows(self, batch: TokenBatch) -> np.ndarray:
