@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from embedcli.compute.choice import embed_prompt, require_task
 from embedcli.compute.options import RunnerOptions
+from embedcli.errors import UsageError
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec
 
@@ -38,6 +39,10 @@ def build_engine(recipe: RunnerRecipe) -> Runner | StaticRunner:
 
 def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runner:
     """The runner of `recipe` (loading its model unless `model` is that model already loaded)."""
+    if recipe.model_spec.head == "static":  # a caller that needs the torch Runner's packing or token outputs
+        raise UsageError(
+            f"{recipe.model_spec.name}: a static embedding model serves `embed` and `search` only (numpy, no torch)"
+        )
     # torch loads here, not at import: a task plans its run (and may find nothing to do) without it.
     import torch
 

@@ -139,3 +139,29 @@ def test_model2vec_config_without_model_type_is_still_model2vec(tmp_path: Path) 
         config.pop(key)
     (folder / "config.json").write_text(json.dumps(config))
     assert np.abs(_embedcli(folder, TEXTS) - _m2v(folder, TEXTS)).max() <= 1e-6
+
+
+def test_max_length_and_chunk_follow_model2vec(tmp_path: Path) -> None:
+    """`--max-length N` is model2vec's `encode(max_length=N)`; `--long-inputs chunk` is every token (no cut)."""
+    from embedcli.compute.build import build_engine, embed_recipe
+    from embedcli.models.options import ModelOptions
+    from embedcli.models.spec import load_model_spec
+
+    folder = build_m2v(tmp_path / "m2v", normalize=False)
+    texts = [*TEXTS, "the cat " * 700]
+    got = _embedcli(folder, texts, max_length=5)
+    assert np.abs(got - _m2v(folder, texts, max_length=5)).max() <= 1e-6
+    recipe = embed_recipe(load_model_spec(str(folder)), ModelOptions(device="cpu"), long_inputs="chunk")
+    whole = build_engine(recipe).embed(texts)
+    assert np.abs(whole - _m2v(folder, texts, max_length=None)).max() <= 1e-6
+
+
+def test_a_static_model_has_no_torch_runner(tmp_path: Path) -> None:
+    from embedcli.compute.build import build_runner, embed_recipe
+    from embedcli.errors import UsageError
+    from embedcli.models.options import ModelOptions
+    from embedcli.models.spec import load_model_spec
+
+    recipe = embed_recipe(load_model_spec(str(build_m2v(tmp_path / "m2v"))), ModelOptions(device="cpu"))
+    with pytest.raises(UsageError, match="serves `embed` and `search` only"):
+        build_runner(recipe)
