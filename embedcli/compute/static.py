@@ -121,6 +121,7 @@ class StaticRunner:
             vectors = np.ascontiguousarray(vectors[:, : self.params.dimensions])
         if self.params.use_activation:
             vectors = self._static.normalize(vectors)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self.stats.rows += len(texts)
         self.stats.tokens += int(tokens.lengths.sum())
         self.stats.truncated_rows += tokens.truncated

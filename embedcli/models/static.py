@@ -1,4 +1,4 @@
-"""A static embedding model loaded for embedding: a float32 token table and its tokenizer (numpy, no torch).
+"""A static embedding model loaded for embedding: its token table and tokenizer (numpy, no torch).
 
 What each layout computes is said in `embedcli.models.checkpoint.static_layout`; this module does it:
 `token_ids` tokenizes under the layout's rules, `mean_rows` is the embedding-bag mean, `normalize` the layout's
@@ -31,22 +31,22 @@ class TokenBatch:
 
 
 def fold_table(tensors: dict[str, np.ndarray], where: Path) -> np.ndarray:
-    """One float32 row per token id: `embeddings[mapping[t]] * weights[t]` (what model2vec averages over and
-    sentence-transformers' StaticEmbedding.load folds), or sentence-transformers' `embedding.weight` as it is."""
+    """One row per token id: `embeddings[mapping[t]] * weights[t]` (what model2vec averages over and
+    sentence-transformers' StaticEmbedding.load folds), in the dtype model2vec computes in (a float16 table stays
+    float16 unless weights promote it), or sentence-transformers' `embedding.weight` as float32."""
     if ST_TABLE in tensors:
         return np.ascontiguousarray(tensors[ST_TABLE], dtype=np.float32)
     if M2V_TABLE not in tensors:
         raise ModelConfigError(f"{where}: no {ST_TABLE} or {M2V_TABLE} tensor; is this a static embedding table?")
     table = tensors[M2V_TABLE]
-    if table.dtype == np.int8:
-        raise ModelConfigError(f"{where}: int8 embeddings (model2vec quantize_to int8) are not supported; "
+    if table.dtype not in (np.float16, np.float32, np.float64):
+        raise ModelConfigError(f"{where}: {table.dtype} embeddings (model2vec quantize_to) are not supported; "
                                "use a float32 or float16 export of the model")
-    table = table.astype(np.float32)
     if M2V_MAPPING in tensors:
         table = table[np.asarray(tensors[M2V_MAPPING], dtype=np.int64)]
     if M2V_WEIGHTS in tensors:
-        table = table * np.asarray(tensors[M2V_WEIGHTS], dtype=np.float32)[:, None]
-    return np.ascontiguousarray(table, dtype=np.float32)
+        table = table * tensors[M2V_WEIGHTS][:, None]  # numpy's promotion, as model2vec multiplies
+    return np.ascontiguousarray(table)
 
 
 def _unk_id(tokenizer: Any) -> int | None:
@@ -71,7 +71,8 @@ class StaticModel:
         folder = Path(spec.path) / (spec.static_folder or ".")
         table_path = folder / "model.safetensors"
         try:
-            self.table = fold_table(load_file(str(table_path)), table_path)
+            tensors = load_file(str(table_path))
+            self.table = fold_table(tensors, table_path)
             self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except (OSError, ValueError, RuntimeError) as e:  # safetensors and tokenizers raise these on a bad file
             raise ModelConfigError(f"{folder}: the static model could not be loaded ({e}); fetch it again") from e
@@ -80,6 +81,8 @@ class StaticModel:
             raise ModelConfigError(f"{table_path}: {self.table.shape[0]} rows for a tokenizer of {vocab} tokens")
         self.tokenizer.no_padding()
         self.model2vec = spec.static_layout == MODEL2VEC
+        # model2vec's output array has the stored table's dtype (float16 exports average into float16).
+        self.out_dtype = np.dtype(tensors[M2V_TABLE].dtype) if self.model2vec else np.dtype(np.float32)
         self.unk_id = _unk_id(self.tokenizer) if self.model2vec else None
         tokens = sorted(self.tokenizer.get_vocab().items(), key=lambda item: item[1])
         # model2vec first cuts a text to max_length x the median token length in characters.
@@ -125,8 +128,8 @@ class StaticModel:
         return TokenBatch(flat, lengths, truncated)
 
     def mean_rows(self, batch: TokenBatch) -> np.ndarray:
-        """The embedding-bag mean of each row's table rows, float32 `[rows, dim]`; a row of no tokens is zero."""
-        out = np.zeros((len(batch.lengths), self.dim), dtype=np.float32)
+        """The embedding-bag mean of each row's table rows `[rows, dim]` (`out_dtype`); a row of no tokens is zero."""
+        out = np.zeros((len(batch.lengths), self.dim), dtype=self.out_dtype)
         full = np.flatnonzero(batch.lengths)
         if not len(full):
             return out
@@ -145,8 +148,9 @@ class StaticModel:
         return out
 
     def normalize(self, vectors: np.ndarray) -> np.ndarray:
-        """L2-normalized rows as the layout's library divides: model2vec by `norm + 1e-32`, sentence-transformers'
-        Normalize by `max(norm, 1e-12)`; a zero row stays zero."""
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        """L2-normalized rows as the layout's library divides: model2vec by `norm + 1e-32` in float32 (back to
+        its output dtype), sentence-transformers' Normalize by `max(norm, 1e-12)`; a zero row stays zero."""
+        v32 = vectors.astype(np.float32)
+        norms = np.linalg.norm(v32, axis=1, keepdims=True)
         norms = norms + 1e-32 if self.model2vec else np.maximum(norms, 1e-12)
-        return (vectors / norms).astype(np.float32)
+        return (v32 / norms).astype(vectors.dtype)

@@ -64,6 +64,8 @@ def test_sentence_transformers_static_embedding(tmp_path: Path, normalize: bool)
         {"weights": True},  # per-token weights (vocabulary-quantized models)
         {"max_length": 6},  # model2vec's cut: max_length x median token length characters, then 6 tokens
         {"max_length": None},  # no cut at all
+        {"float16": True, "normalize": False},  # a float16 export: model2vec averages into float16
+        {"float16": True, "weights": True},
     ],
     ids=lambda b: "-".join(f"{k}={v}" for k, v in b.items()),
 )
