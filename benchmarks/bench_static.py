@@ -122,7 +122,9 @@ def run(texts: list[str], static: Path, threads: int, rounds: int) -> dict:
         "contenders": {c: {"seconds": round(b["mixed"], 3), "startup_seconds": round(b["one"], 3)}
                        for c, b in best.items()},
         "static_speedup": round(m["mixed"] / s["mixed"], 2),
-        "static_speedup_after_startup": round((m["mixed"] - m["one"]) / max(s["mixed"] - s["one"], 1e-3), 2),
+        # Past start-up (the one-text run subtracted); None when the corpus is too small to tell.
+        "static_speedup_after_startup": (round((m["mixed"] - m["one"]) / (s["mixed"] - s["one"]), 2)
+                                         if s["mixed"] > s["one"] and m["mixed"] > m["one"] else None),
         "static_max_abs_vs_model2vec": delta,
     }
 
