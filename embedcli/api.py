@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embedcli.compute.build import build_runner, embed_recipe
+from embedcli.compute.build import build_engine, embed_recipe
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import load_model_spec
 
@@ -36,7 +36,7 @@ class Embedder:
             spec, ModelOptions(device=device, dtype=dtype), max_batch_tokens=max_batch_tokens,
             normalize=normalize, dimensions=dimensions, prompt=prompt, prompt_name=prompt_name,
         )
-        self.runner = build_runner(recipe)
+        self.runner = build_engine(recipe)  # a static model: numpy only, torch never loads
         self.model = self.runner.model
 
     def embed(self, texts: Sequence[str] | str) -> np.ndarray:

@@ -100,7 +100,7 @@ def embed(
     stats: str | None = OPT_STATS,
     flags: RunFlags | None = None,
 ) -> None:
-    """Embed each row's text into a vector: id, embedding (fixed_size_list<float32>\\[d]) and kept columns."""
+    """Embed each row's text into a vector: id, embedding (fixed_size_list<float32>\\[d]) and kept columns; static models (model2vec, StaticEmbedding) run in numpy, without torch."""
     from embedcli.run.source import InputOptions
     from embedcli.tasks.common import ModelChoice, OutputOptions
     from embedcli.tasks.embed import EmbedOptions, run_embed

@@ -167,10 +167,9 @@ OPT_EMBED_NORMALIZE = typer.Option(
 )
 OPT_EMBED_DIMENSIONS = typer.Option(
     None, "--dimensions", envvar=env("dimensions"), rich_help_panel=MODEL,
-    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N must be at most "
-    "the embedding size, and one of the model's sizes when it lists them (config.json "
-    "matryoshka_dimensions); otherwise exit 2. A model that declares no Matryoshka support is truncated "
-    "anyway, as sentence-transformers, TEI and infinity do, with a note on stderr.",
+    help="Matryoshka: keep the first N dims (after any Dense projector), then normalize. N <= the embedding "
+    "size, one of the model's matryoshka_dimensions if listed, else exit 2; a model without Matryoshka "
+    "support is cut anyway (as sentence-transformers, TEI), with a note. Static models: truncate_dim.",
 )
 OPT_EMBED_PROMPT = typer.Option(
     None, "--prompt", envvar=env("prompt"), rich_help_panel=MODEL,

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 
 from embedcli.compute.choice import embed_prompt, require_task
 from embedcli.compute.options import RunnerOptions
+from embedcli.errors import UsageError
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from embedcli.compute.runner import Runner
+    from embedcli.compute.static import StaticRunner
     from embedcli.models.loader import LoadedModel
 
 
@@ -26,8 +28,21 @@ class RunnerRecipe:
     threads: int | None = None
 
 
+def build_engine(recipe: RunnerRecipe) -> Runner | StaticRunner:
+    """The embed engine of `recipe`: a static model's numpy runner (no torch), else `build_runner`'s."""
+    if recipe.model_spec.head == "static":
+        from embedcli.compute.static import StaticRunner
+
+        return StaticRunner(recipe.model_spec, recipe.model_options, recipe.runner_options)
+    return build_runner(recipe)
+
+
 def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runner:
     """The runner of `recipe` (loading its model unless `model` is that model already loaded)."""
+    if recipe.model_spec.head == "static":  # a caller that needs the torch Runner's packing or token outputs
+        raise UsageError(
+            f"{recipe.model_spec.name}: a static embedding model serves `embed` and `search` only (numpy, no torch)"
+        )
     # torch loads here, not at import: a task plans its run (and may find nothing to do) without it.
     import torch
 

@@ -16,7 +16,7 @@ def commands_for(spec: ModelSpec) -> list[str]:
     """The embedcli commands a model can serve (what `info` lists)."""
     commands: list[str] = []
     if "embed" in spec.tasks:
-        commands += ["embed", "token-embed"]
+        commands += ["embed", "search"] if spec.head == "static" else ["embed", "token-embed"]
     if spec.score_type:
         commands += ["rerank", "score"]
     if "classify" in spec.tasks:

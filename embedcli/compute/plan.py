@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from embedcli.compute.static import static_dimensions, static_dtype
 from embedcli.models.precision import planned_dtype
 
 if TYPE_CHECKING:
     from embedcli.compute.build import RunnerRecipe
     from embedcli.compute.runner import Runner
+    from embedcli.compute.static import StaticRunner
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class RunnerPlan:
     quantize: bool
 
     @classmethod
-    def of(cls, runner: Runner) -> RunnerPlan:
+    def of(cls, runner: Runner | StaticRunner) -> RunnerPlan:
         """What a built runner resolved to."""
         model = runner.model
         assert runner.params.task is not None  # a runner is built for one task
@@ -49,17 +51,21 @@ def plan_runner(recipe: RunnerRecipe) -> RunnerPlan | None:
     """What `build_runner(recipe)` will resolve to, or None when only loading the model can tell (the dtype:
     see `embedcli.models.precision.planned_dtype`)."""
     spec, options = recipe.model_spec, recipe.runner_options
-    dtype = planned_dtype(spec, recipe.model_options)
+    if spec.head == "static":  # the static kind: float32, its own Matryoshka default (`embedcli.compute.static`)
+        dtype: tuple[str, str] | None = static_dtype(recipe.model_options)
+        dimensions = static_dimensions(spec, options.dimensions)
+    else:
+        dtype, dimensions = planned_dtype(spec, recipe.model_options), options.dimensions
     if dtype is None or options.task not in spec.tasks:
         return None
     # PoolingParams.verify: the request's value, else the model's (a base model's Normalize), else True.
     normalize = options.normalize if options.task in ("embed", "token_embed") else None
-    if normalize is None and spec.head == "base":
+    if normalize is None and spec.head in ("base", "static"):
         normalize = spec.normalize
     return RunnerPlan(
         task=options.task,
         normalize=True if normalize is None else bool(normalize),
-        dimensions=options.dimensions,
+        dimensions=dimensions,
         max_length=options.max_length or spec.max_length,
         dtype=dtype[0],
         dtype_reason=dtype[1],

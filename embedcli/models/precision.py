@@ -317,6 +317,8 @@ def recorded_decisions(spec: ModelSpec) -> list[DtypeDecision]:
 
 def auto_dtype_summary(spec: ModelSpec) -> str:
     """What `--dtype auto` resolves to on this CPU for the model's default task, and why (no torch import)."""
+    if spec.head == "static":
+        return "float32: a static embedding table and a mean of rows (no forward)"
     task = task_for_head(spec.head)
     kind = cpu_device_kind()
     if not cpu_has_native_bf16():

@@ -27,6 +27,7 @@ from embedcli.models.checkpoint.st_config import (
     refuse_modular_cross_encoder,
     refuse_non_transformer,
 )
+from embedcli.models.checkpoint.static_layout import STATIC_FIELDS, read_static
 from embedcli.models.checkpoint.weights_file import check_safetensors
 from embedcli.models.llm_reranker import RerankerFlags, score_formula
 from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
@@ -35,6 +36,17 @@ from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
 _HOW_IT_RUNS = ("backbone", "backbone_reason", "registry_entry", "packing", "causal", "position_offset")
 
 __all__ = ["ConfigRefusedError", "DenseSpec", "ModelConfigError", "ModelSpec", "load_model_spec"]
+
+
+# The tasks of each head; "base" (and any other) serves embed and token_embed. A static model (a token table and
+# a mean of rows) has no per-token states worth returning and no classifier: embed only.
+HEAD_TASKS: dict[str, tuple[str, ...]] = {
+    "sequence_classification": ("classify",),
+    "token_classification": ("token_classify",),
+    "lm_score": ("classify",),
+    "sparse": ("sparse_embed",),
+    "static": ("embed",),
+}
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,12 @@ class ModelSpec:
     packing: bool = False
     causal: bool = False  # causal attention (decoders): chunked prefill can slice a long sequence
     position_offset: bool = False  # fairseq position ids (RoBERTa, MPNet): they start after the padding index
+    # Static embeddings (head "static", `embedcli.models.checkpoint.static_layout`): the layout whose rules apply
+    # (model2vec / sentence-transformers), the table's folder, its token limit (None: none) and default dims.
+    static_layout: str | None = None
+    static_folder: str | None = None
+    static_max_tokens: int | None = None
+    truncate_dim: int | None = None
     content_hash: str = field(default="", compare=False)
 
     @property
@@ -113,15 +131,7 @@ class ModelSpec:
     @property
     def tasks(self) -> tuple[str, ...]:
         """The pooling tasks this model can serve."""
-        if self.head == "sequence_classification":
-            return ("classify",)
-        if self.head == "token_classification":
-            return ("token_classify",)
-        if self.head == "lm_score":
-            return ("classify",)
-        if self.head == "sparse":
-            return ("sparse_embed",)
-        return ("embed", "token_embed")
+        return HEAD_TASKS.get(self.head, ("embed", "token_embed"))
 
     @property
     def score_type(self) -> str | None:
@@ -134,7 +144,7 @@ class ModelSpec:
             return "sparse"
         if self.head == "base":
             return "bi-encoder"
-        return None
+        return None  # static: embed only (its vectors score with `search`)
 
     @property
     def pooled_size(self) -> int:
@@ -185,7 +195,7 @@ class ModelSpec:
             data.pop(volatile)
         # Fields of the LLM-reranker and SPLADE heads are left out while unset, so every other model keeps
         # the hash (and its outputs stay resumable and --incremental) across this addition.
-        for key in FAMILY_FIELDS:
+        for key in (*FAMILY_FIELDS, *STATIC_FIELDS):
             if data.get(key) in (None, (), []):
                 data.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -433,6 +443,9 @@ def load_model_spec(
     `backbone`: auto / own / transformers (default: the EMBEDCLI_BACKBONE environment variable, else auto).
     """
     folder = resolve_model_path(model, allow_pickle=allow_pickle)
+    static = read_static(folder, max_length)
+    if static is not None:
+        return _static_spec(str(model) if model else DEFAULT_MODEL, folder, static)
     base = _read_base_config(folder)
     weights = _weights(folder, allow_pickle)
     check_config_sizes(folder, base.config, weights)  # absurd sizes: one line now, not an allocator traceback
@@ -496,3 +509,38 @@ def load_model_spec(
         ),
     )
     return replace(spec, **family)
+
+
+def _static_spec(name: str, folder: Path, fields: dict[str, Any]) -> ModelSpec:
+    """The spec of a static embedding folder (`read_static`'s fields): embed only, mean of rows, no backbone."""
+    st_cfg = _optional_json(folder / ST_CONFIG)
+    similarity, similarity_source = read_similarity(folder, st_cfg)
+    weights = tuple(fields.pop("weights"))
+    for w in weights:
+        check_safetensors(folder / w)
+    sub = fields["static_folder"].rstrip("/")
+    tokenizer = "tokenizer.json" if sub in ("", ".") else f"{sub}/tokenizer.json"
+    return ModelSpec(
+        name=name,
+        path=str(folder),
+        model_type="static",
+        head="static",
+        is_decoder=False,
+        max_length=fields["static_max_tokens"] or 0,  # 0: no token limit (every token counts)
+        do_lower_case=False,
+        seq_pooling_type="MEAN",
+        embedding_size=fields["hidden_size"],
+        pooling_modes=("mean",),
+        prompts=tuple((str(k), str(v)) for k, v in (st_cfg.get("prompts") or {}).items()),
+        default_prompt_name=st_cfg.get("default_prompt_name"),
+        similarity_fn_name=similarity,
+        similarity_source=similarity_source,
+        sentence_transformers_layout=fields["static_layout"] != "model2vec",
+        weights=weights,
+        registry_entry="static",
+        backbone="static",
+        packing=True,  # every row's token ids laid end to end, one mean per row
+        backbone_reason="a static embedding table: tokenizer and a mean of rows in numpy, no forward (no torch)",
+        content_hash=_hash_files(folder, ["config.json", "modules.json", tokenizer, *weights]),
+        **fields,
+    )

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from embedcli.compute.build import RunnerRecipe, build_runner
+from embedcli.compute.build import RunnerRecipe, build_engine, build_runner
 from embedcli.compute.lazy import LazyEngine
 from embedcli.compute.options import RunnerOptions
 from embedcli.compute.plan import RunnerPlan, plan_runner
@@ -28,6 +28,7 @@ from embedcli.version import __version__
 
 if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
     from embedcli.compute.runner import Runner
+    from embedcli.compute.static import StaticLoaded, StaticRunner
     from embedcli.models.loader import LoadedModel
 
 ACTIVATIONS: tuple[str, ...] = ("auto", "softmax", "sigmoid", "none")
@@ -120,7 +121,9 @@ def calibration(spec: ModelSpec, logit_mean: float | None = None, logit_sigma: f
     return (None if mean is None else float(mean)), (None if sigma is None else float(sigma))
 
 
-def provenance(model: LoadedModel, runner: Runner, extra: dict[str, Any] | None = None) -> dict[str, str]:
+def provenance(
+    model: LoadedModel | StaticLoaded, runner: Runner | StaticRunner, extra: dict[str, Any] | None = None
+) -> dict[str, str]:
     """Key-value metadata every output carries: model, its content hash, resolved config and its hash."""
     return planned_provenance(model.spec, RunnerPlan.of(runner), runner.options, extra)
 
@@ -172,6 +175,8 @@ def planned_engine(
     `loaded(runner)` is called once the runner is built: a task makes there what needs the loaded model
     (its tokenizer's special ids, a pair scorer), so that too waits until there is work.
     """
+    if flags.engine == "ray" and recipe.model_spec.head == "static":
+        raise UsageError("--engine ray: a static embedding model runs in this process (numpy, no torch); drop --engine ray")
     plan = plan_runner(recipe)
     if plan is None:
         runner = build_runner(recipe)
@@ -181,14 +186,14 @@ def planned_engine(
     meta = planned_provenance(recipe.model_spec, plan, recipe.runner_options, extra)
 
     def build() -> Engine:
-        runner = build_runner(recipe)
+        runner = build_engine(recipe)  # a static model: its numpy runner; else the torch Runner
         built = provenance(runner.model, runner, extra)
         if built != meta:  # the output was checked against the plan: a difference is a bug in the plan
             changed = sorted(k for k in meta if built.get(k) != meta[k])
             raise RuntimeError(f"embedcli: internal error: the loaded model differs from its plan in {changed}")
         if loaded is not None:
-            loaded(runner)
-        return engine_for(runner, flags)
+            loaded(runner)  # type: ignore[arg-type]  # only tasks whose models have a torch Runner pass `loaded`
+        return runner if flags.engine != "ray" else engine_for(runner, flags)  # type: ignore[arg-type]  # ray: refused above for a static runner
 
     # A plan exists only for the CPU (`plan_runner`), so the budget is the CPU's unless given.
     return LazyEngine(build, plan.max_length, recipe.runner_options.token_budget("cpu")), meta, plan

@@ -25,8 +25,9 @@ def model_info(
     info["commands"] = commands_for(spec)
     info["config_hash"] = spec.config_hash()
     info["dtype_auto"] = auto_dtype_summary(spec)
+    own = "embedcli's static engine (numpy)" if spec.head == "static" else f"own backbone {spec.backbone}"
     info["runs_on"] = (
-        f"{'own backbone ' + spec.backbone if spec.own_backbone else 'transformers modules (exact fallback)'}"
+        f"{own if spec.own_backbone else 'transformers modules (exact fallback)'}"
         f" [registry entry: {spec.registry_entry or 'none'}]"
     )
     info["runs_on_because"] = spec.backbone_reason

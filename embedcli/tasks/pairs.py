@@ -127,6 +127,7 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
         "base": "an embedding model scores pairs by cosine or maxsim, not as a cross-encoder",
         "lm_score": "an LLM reranker scores pairs as a cross-encoder",
         "sparse": "a sparse (SPLADE) model scores pairs by the sparse dot product",
+        "static": "a static embedding model serves embed only (search its vectors with `embedcli search`)",
     }[spec.head]
     raise UsageError(f"{command}: model {spec.name!r} cannot score pairs with method {method!r}: {why}; {can_do(spec)}")
 

@@ -25,7 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.compute.runner import RunnerOptions
+from embedcli.compute.build import build_engine
+from embedcli.compute.options import RunnerOptions
 from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
 from embedcli.io.manifest import output_metadata
 from embedcli.io.writers import output_format
@@ -36,7 +37,7 @@ from embedcli.run.flags import RunFlags
 from embedcli.run.job import Reporting, Target
 from embedcli.run.source import refuse_shadowing
 from embedcli.run.whole import WholeJob, WholeOutput, check_whole
-from embedcli.tasks.common import ModelChoice, OutputOptions, build
+from embedcli.tasks.common import ModelChoice, OutputOptions, runner_recipe
 from embedcli.tasks.pairs import read_queries
 
 KEY_SEARCH = "embedcli.search"
@@ -138,7 +139,7 @@ def embed_queries(
     cfg = prov.config
     dtype = choice.dtype if choice.dtype != "auto" else str(cfg.get("dtype") or "auto")
     prompt = query_prompt(spec, str(cfg.get("prompt") or ""))
-    runner = build(
+    runner = build_engine(runner_recipe(  # a static model's numpy runner, else the torch Runner
         spec,
         replace(choice, dtype=dtype, quantize=bool(cfg.get("quantize"))),
         RunnerOptions(
@@ -151,7 +152,7 @@ def embed_queries(
             normalize=cfg.get("normalize"),
             dimensions=cfg.get("dimensions"),
         ),
-    )
+    ))
     return runner.embed(texts).astype(np.float32, copy=False), prompt
 
 

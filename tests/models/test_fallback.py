@@ -197,14 +197,21 @@ def test_deberta_cross_encoder_matches_predict(tmp_path: Path, budget: int) -> N
     assert np.abs(np.asarray(got).ravel() - want.ravel()).max() <= 1e-5
 
 
-def test_static_embedding_folder_is_named(tmp_path: Path) -> None:
+def test_clip_folder_is_refused_by_name_and_an_empty_static_folder_names_its_table(tmp_path: Path) -> None:
+    clip = tmp_path / "clip"
+    clip.mkdir()
+    (clip / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_CLIPModel", "type": "sentence_transformers.models.CLIPModel"},
+    ]))
+    with pytest.raises(ModelConfigError, match=r"first module is .*CLIPModel .*image models \(CLIP, SigLIP\) are not supported"):
+        load_model_spec(str(clip))
     folder = tmp_path / "static"
     folder.mkdir()
     (folder / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "0_StaticEmbedding",
          "type": "sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding"},
     ]))
-    with pytest.raises(ModelConfigError, match=r"first module is .*StaticEmbedding \(a static embedding table"):
+    with pytest.raises(ModelConfigError, match=r"0_StaticEmbedding/model.safetensors: missing; the static embedding table"):
         load_model_spec(str(folder))
 
 

@@ -239,6 +239,21 @@ def _classifier_activation_name(info: dict[str, Any]) -> str:
 
 def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
     """`embedcli info` rows: pooling, prompt handling, activation, similarity, each with its source."""
+    if info.get("head") == "static":
+        limit = info.get("static_max_tokens")
+        rule = ("model2vec: no special tokens, the unknown token dropped" if info.get("static_layout") == "model2vec"
+                else "StaticEmbedding: no special tokens, unknown tokens kept")
+        cut = f"first {limit} tokens" if limit else "every token (no limit)"
+        if limit and info.get("static_layout") == "model2vec":
+            cut += " (the text first cut to max_length x the median token length in characters, as model2vec)"
+        return [
+            ("pooling", f"mean of token rows, {rule} ({info['pooling_source']})"),
+            ("long texts", cut),
+            ("normalize", f"{'yes' if info['normalize'] else 'no'} ({info['activation_source']})"),
+            ("dimensions", f"{info['truncate_dim']} by default (config_sentence_transformers.json: truncate_dim)"
+             if info.get("truncate_dim") else f"{info['embedding_size']} (--dimensions N keeps the first N)"),
+            ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+        ]
     if info.get("head") == "sparse":
         return [
             ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
@@ -257,9 +272,9 @@ def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 # First modules of sentence-transformers folders that hold no transformer: what each is, and what embedcli does.
+# (A StaticEmbedding is read by `embedcli.models.checkpoint.static_layout` before this check.)
 _NON_TRANSFORMER_MODULES = {
-    "StaticEmbedding": "a static embedding table (a tokenizer and a mean of rows, no transformer)",
-    "CLIPModel": "a CLIP image-and-text model",
+    "CLIPModel": "a CLIP image-and-text model; image models (CLIP, SigLIP) are not supported",
     "WordEmbeddings": "classic word embeddings (GloVe-style)",
     "BoW": "a bag-of-words model",
 }
@@ -283,5 +298,5 @@ def refuse_non_transformer(folder: Path) -> None:
     what = _NON_TRANSFORMER_MODULES.get(name, "not a transformer")
     raise ConfigRefusedError(
         f"{path}: the first module is {kind} ({what}); embedcli runs sentence-transformers models whose first "
-        "module is a Transformer, so this model is not supported"
+        "module is a Transformer or a StaticEmbedding, so this model is not supported"
     )
