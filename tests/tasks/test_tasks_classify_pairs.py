@@ -146,7 +146,7 @@ def _oracle(folder: Path, softmax: bool) -> np.ndarray:
 
 def _pairs_file(tmp_path: Path, fmt: str = "jsonl", rows: list[tuple[str, str | None]] | None = None) -> Path:
     rows = PAIRS if rows is None else rows  # type: ignore[assignment]
-    records = [{"id": f"p{i}", "premise": a, "hypothesis": b, "tag": i} for i, (a, b) in enumerate(rows)]
+    records = [{"id": f"p{i}", "premise": a, "hypothesis": b, "tag": i, "note": f"note {i}"} for i, (a, b) in enumerate(rows)]
     path = tmp_path / f"pairs.{fmt}"
     if fmt == "jsonl":
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -316,7 +316,7 @@ def test_incremental_recomputes_a_changed_second_text_and_a_new_pair_col_is_a_co
     assert np.abs(again - _scores(pq.read_table(fresh))).max() <= 1e-5  # the changed pair packed alone
     assert np.abs(again[1] - first[1]).max() > 1e-3  # and it was recomputed
     # the pair column is part of the config: another one (or none) does not mix into this output
-    other = cli("classify", src, "-m", folder, "--text-col", "premise", "--pair-col", "tag", "--all-scores", "-o", out,
+    other = cli("classify", src, "-m", folder, "--text-col", "premise", "--pair-col", "note", "--all-scores", "-o", out,
                 code=2)
     assert "--pair-col" in other.stderr
     single = cli("classify", src, "-m", folder, "--text-col", "premise", "--all-scores", "-o", out, code=2)
