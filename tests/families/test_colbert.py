@@ -172,3 +172,22 @@ def test_info_names_the_late_interaction_head(cli, colbert) -> None:
     info = json.loads(result.stdout)
     assert info["tasks"] == ["token_embed"] and info["score_type"] == "late-interaction"
     assert "ColBERT (stanford, artifact.metadata)" in info["late_interaction_head"]
+
+
+def test_run_batch_score_and_rerank_use_the_roles(cli, colbert, oracle, tmp_path) -> None:
+    mve = oracle("stanford")
+    want = mve.similarity(mve.encode_query([COLBERT_QUERIES[0]]), mve.encode_document(list(COLBERT_TEXTS))).numpy()[0]
+    lines = [
+        {"custom_id": "s", "method": "POST", "url": "/v1/score",
+         "body": {"queries": COLBERT_QUERIES[0], "documents": list(COLBERT_TEXTS)}},
+        {"custom_id": "r", "method": "POST", "url": "/v1/rerank",
+         "body": {"query": COLBERT_QUERIES[0], "documents": list(COLBERT_TEXTS)}},
+    ]
+    src = _jsonl(tmp_path / "b.requests.jsonl", lines)
+    out = tmp_path / "b.results.jsonl"
+    cli("run-batch", src, "-m", colbert["stanford"], "-o", out, "-q")
+    got = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.read_text().splitlines())}
+    scores = np.array([d["score"] for d in got["s"]["data"]], dtype=np.float32)
+    assert np.abs(scores - want).max() <= 1e-5
+    order = np.lexsort((np.arange(len(want)), -want.astype(np.float64)))
+    assert [r["index"] for r in got["r"]["results"]] == order.tolist()
