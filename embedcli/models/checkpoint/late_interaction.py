@@ -71,7 +71,7 @@ class LateInteraction:
         return (
             f"ColBERT ({self.layout}, {self.source}): query = {self.query_marker!r} + text, {self.query_length} "
             f"tokens, {expansion}; document = {self.document_marker!r} + text, up to {self.document_length} "
-            f"tokens, {len(self.skiplist)} skiplist tokens dropped; {self.dim}-dim vectors, L2-normalized; MaxSim"
+            f"tokens, the tokens of its {len(self.skiplist)} skiplist words dropped; {self.dim}-dim vectors, L2-normalized; MaxSim"
         )
 
 

@@ -244,6 +244,12 @@ def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
             ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
             ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
         ]
+    if info.get("late_interaction_head"):
+        return [
+            ("pooling", "none: one vector per token (late interaction)"),
+            ("late_interaction", str(info["late_interaction_head"])),
+            ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+        ]
     rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]
     if info.get("head") == "lm_score":  # its activation is the score formula, shown on its own row
         return rows
