@@ -16,6 +16,7 @@ from embedcli.models.checkpoint.late_interaction import (
     LateInteraction,
     is_pylate,
     is_stanford,
+    read_native,
     read_pylate,
     read_stanford,
 )
@@ -327,12 +328,16 @@ class _Modules:
     types: tuple[str, ...]
     splade: dict[str, Any] | None = None  # a SparseEncoder's SpladePooling config
     logit_score: dict[str, Any] | None = None  # a causal-LM CrossEncoder's LogitScore config
+    multi_vector_mask: dict[str, Any] | None = None  # a MultiVectorEncoder's MultiVectorMask config
 
 
 def _check_module_path(folder: Path, module: dict[str, Any], kind: str) -> None:
     """A module folder named in modules.json must lie inside the model folder (one that exists elsewhere would
     be used silently; one that does not is a broken layout)."""
-    folder_modules = ST_TYPES["pooling"] + ST_TYPES["dense"] + ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]
+    folder_modules = (
+        ST_TYPES["pooling"] + ST_TYPES["dense"] + ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]
+        + ST_TYPES["multi_vector_mask"]
+    )
     if kind not in folder_modules:
         return  # the Transformer reads the model folder itself; Normalize has none; others are refused by type
     rel = str(module.get("path", ""))
@@ -363,8 +368,8 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
             pooling = read_pooling(folder / module["path"] / "config.json", folder)
         elif kind in ST_TYPES["dense"]:
             projector.append(_dense_spec(folder, module["path"]))
-        elif kind in ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]:
-            key = "splade_pooling" if kind in ST_TYPES["splade_pooling"] else "logit_score"
+        elif kind in ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"] + ST_TYPES["multi_vector_mask"]:
+            key = next(k for k in ("splade_pooling", "logit_score", "multi_vector_mask") if kind in ST_TYPES[k])
             family[key] = read_json(folder / module["path"] / "config.json")
         elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]:
             raise ConfigRefusedError(f"{modules_path}: module type {kind!r} is not supported")
@@ -376,7 +381,7 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
         )
     normalize = any(t in ST_TYPES["normalize"] for t in types)
     return _Modules(True, pooling, normalize, tuple(projector), types, family.get("splade_pooling"),
-                    family.get("logit_score"))
+                    family.get("logit_score"), family.get("multi_vector_mask"))
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
@@ -442,7 +447,8 @@ def _late_interaction(
     """The projector and `LateInteraction` of a ColBERT checkpoint (Stanford or PyLate layout); else the
     modules' projector and None."""
     stanford = is_stanford(base.config)
-    if not stanford and not (mods.st_layout and is_pylate(st_cfg)):
+    native = mods.multi_vector_mask is not None or st_cfg.get("model_type") == "MultiVectorEncoder"
+    if not stanford and not (mods.st_layout and (native or is_pylate(st_cfg))):
         return mods.projector, None
     if base.is_decoder or base.head != "base":
         raise ConfigRefusedError(
@@ -450,6 +456,8 @@ def _late_interaction(
             "embedcli runs ColBERT on bidirectional encoders"
         )
     model_max = _max_length(folder, base, {}, False, max_length)
+    # Without a length of its own a role is cut where sentence-transformers' Transformer cuts (max_seq_length).
+    st_max = _max_length(folder, base, _optional_json(folder / "sentence_bert_config.json"), mods.st_layout, max_length)
     if stanford:
         late, (dim, hidden) = read_stanford(folder, base.hidden, model_max)
         return (DenseSpec(path="", in_features=hidden, out_features=dim, bias=False, activation=IDENTITY),), late
@@ -460,7 +468,15 @@ def _late_interaction(
             "module is not supported; a ColBERT model is a Transformer and Dense projections"
         )
     dim = mods.projector[-1].out_features if mods.projector else base.hidden
-    return mods.projector, read_pylate(folder, st_cfg, dim, model_max)
+    if native:
+        if mods.multi_vector_mask is None or not mods.normalize:
+            raise ConfigRefusedError(
+                f"{folder / 'modules.json'}: a MultiVectorEncoder without a MultiVectorMask and a Normalize module "
+                "is not supported"
+            )
+        sbert = _optional_json(folder / "sentence_bert_config.json")
+        return mods.projector, read_native(folder, st_cfg, sbert, mods.multi_vector_mask, dim, model_max, st_max)
+    return mods.projector, read_pylate(folder, st_cfg, dim, model_max, st_max)
 
 
 def load_model_spec(

@@ -14,7 +14,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.fixtures.colbert import COLBERT_QUERIES, COLBERT_TEXTS, build_pylate_colbert, build_stanford_colbert
+from tests.fixtures.colbert import (
+    COLBERT_QUERIES,
+    COLBERT_TEXTS,
+    build_native_colbert,
+    build_pylate_colbert,
+    build_stanford_colbert,
+)
 
 LAYOUTS = {
     "stanford": lambda p: build_stanford_colbert(p),
@@ -25,6 +31,9 @@ LAYOUTS = {
     "pylate-plain": lambda p: build_pylate_colbert(
         p, config={"do_query_expansion": False, "skiplist_words": [".", ","], "query_length": 8}
     ),
+    # sentence-transformers 6's own save of each (MultiVectorMask module, prompts, query_expansion dict)
+    "native": lambda p: build_native_colbert(p),
+    "native-stanford": lambda p: build_native_colbert(p, stanford=True),
 }
 BUDGETS = (16, 40, 4096)
 

@@ -134,8 +134,9 @@ def read_stanford(folder: Path, hidden: int, max_length: int) -> tuple[LateInter
     return spec, (int(shape[0]), int(shape[1]))
 
 
-def read_pylate(folder: Path, st_cfg: dict[str, Any], dim: int, max_length: int) -> LateInteraction:
-    """The `LateInteraction` of a PyLate save (its config_sentence_transformers.json), projecting to `dim`."""
+def read_pylate(folder: Path, st_cfg: dict[str, Any], dim: int, max_length: int, st_max: int) -> LateInteraction:
+    """The `LateInteraction` of a PyLate save (its config_sentence_transformers.json), projecting to `dim`;
+    a role without a length is cut at `st_max` (the Transformer's max_seq_length)."""
     where = str(folder / "config_sentence_transformers.json")
     if isinstance(st_cfg.get("query_expansion"), dict):
         raise ConfigRefusedError(f"{where}: a query_expansion dict (sentence-transformers 6 layout) is not supported")
@@ -153,11 +154,53 @@ def read_pylate(folder: Path, st_cfg: dict[str, Any], dim: int, max_length: int)
         query_marker=str(st_cfg.get("query_prefix") or ""),
         document_marker=str(st_cfg.get("document_prefix") or ""),
         query_length=_positive(st_cfg.get("query_length") or 32, where, "query_length"),
-        document_length=min(_positive(doc, where, "document_length"), max_length) if doc is not None else max_length,
+        document_length=min(_positive(doc, where, "document_length"), max_length) if doc is not None else st_max,
         query_expansion=expansion,
         attend_expansion=bool(attend),
         # PyLate's default skiplist is the punctuation (sentence-transformers keeps it for PyLate saves).
         skiplist=tuple(skiplist) if skiplist is not None else tuple(string.punctuation),
         dim=dim,
         source="config_sentence_transformers.json",
+    )
+
+
+def read_native(
+    folder: Path, st_cfg: dict[str, Any], sbert: dict[str, Any], mask: dict[str, Any], dim: int, max_length: int,
+    st_max: int,
+) -> LateInteraction:
+    """The `LateInteraction` of a sentence-transformers 6 MultiVectorEncoder save: the prompts are the markers,
+    the Transformer's sentence_bert_config.json holds the lengths and query expansion, the MultiVectorMask
+    module the skiplist."""
+    where = str(folder / "sentence_bert_config.json")
+    similarity = st_cfg.get("similarity_fn_name")
+    if similarity not in (None, "maxsim"):
+        raise ConfigRefusedError(f"{folder / 'config_sentence_transformers.json'}: similarity_fn_name {similarity!r} "
+                                 "is not supported; embedcli scores MultiVectorEncoder models by MaxSim")
+    mask_where = "MultiVectorMask config.json"
+    if (mask.get("skiplist_tasks") or ["document"]) != ["document"] or mask.get("keep_only_token_ids"):
+        raise ConfigRefusedError(f"{folder}: {mask_where}: a skiplist on queries or keep_only_token_ids is not supported")
+    expansion = sbert.get("query_expansion")
+    if expansion is not None and (
+        not isinstance(expansion, dict) or expansion.get("strategy") != "fixed" or expansion.get("token") is not None
+    ):
+        raise ConfigRefusedError(
+            f"{where}: query_expansion {expansion!r} is not supported; embedcli pads queries with the mask token "
+            "to a fixed length (strategy fixed)"
+        )
+    prompts = st_cfg.get("prompts") or {}
+    if st_cfg.get("default_prompt_name"):
+        raise ConfigRefusedError(f"{folder / 'config_sentence_transformers.json'}: default_prompt_name is not supported")
+    doc, query = sbert.get("document_length"), sbert.get("query_length")
+    return LateInteraction(
+        layout="multi-vector-encoder",
+        query_marker=str(prompts.get("query") or ""),
+        document_marker=str(prompts.get("document") or ""),
+        query_length=_positive(expansion["length"], where, "query_expansion.length") if expansion
+        else (min(_positive(query, where, "query_length"), max_length) if query is not None else st_max),
+        document_length=min(_positive(doc, where, "document_length"), max_length) if doc is not None else st_max,
+        query_expansion=expansion is not None,
+        attend_expansion=bool(expansion and expansion.get("attend")),
+        skiplist=tuple(str(w) for w in mask.get("skiplist_words") or ()),
+        dim=dim,
+        source="sentence_bert_config.json + MultiVectorMask",
     )

@@ -1,6 +1,7 @@
 """Query and document token ids of a late-interaction (ColBERT) model, as colbert-ai and PyLate build them.
 
-The marker token goes right after the first token (`[CLS] [unused0] text [SEP]`), the text cut so the whole
+The marker token goes right after the first token (`[CLS] [unused0] text [SEP]`; a marker that is no single
+token is text before the text, as a sentence-transformers prompt), the text cut so the whole
 sequence fits the role's length. A query with expansion is then padded to exactly the query length with the
 mask token: every vector is kept, and the padding is a key of the attention only when the model says so.
 A document keeps every vector but those of its skiplist tokens (punctuation). sentence-transformers'
@@ -30,14 +31,13 @@ class RoleSequence:
     truncated: bool
 
 
-def _marker_id(tokenizer: Any, marker: str, where: str) -> int | None:
-    if not marker:
-        return None
-    for token in (marker, marker.strip()):
+def _marker_id(tokenizer: Any, marker: str) -> int | None:
+    """The id of a marker that is one vocabulary (or added) token, with or without its trailing space."""
+    for token in dict.fromkeys((marker, marker.strip())):
         token_id = tokenizer.token_to_id(token) if token else None
         if token_id is not None:
             return int(token_id)
-    raise ConfigRefusedError(f"{where}: the marker token {marker!r} is not in the tokenizer's vocabulary")
+    return None
 
 
 class RoleTokenizer:
@@ -46,9 +46,12 @@ class RoleTokenizer:
     def __init__(self, tokenizer: Any, late: LateInteraction, mask_id: int | None, where: str) -> None:
         self.tokenizer = tokenizer
         self.late = late
-        self.markers = {
-            "query": _marker_id(tokenizer, late.query_marker, where),
-            "document": _marker_id(tokenizer, late.document_marker, where),
+        # A marker that is one token is inserted by id (colbert-ai, PyLate); any other is text before the text,
+        # as sentence-transformers prepends a prompt.
+        self.markers = {"query": _marker_id(tokenizer, late.query_marker), "document": _marker_id(tokenizer, late.document_marker)}
+        self.prefixes = {
+            role: "" if self.markers[role] is not None else marker
+            for role, marker in (("query", late.query_marker), ("document", late.document_marker))
         }
         if late.query_expansion and mask_id is None:
             raise ConfigRefusedError(f"{where}: query expansion needs a mask token, and the tokenizer has none")
@@ -71,7 +74,8 @@ class RoleTokenizer:
         else:
             tok.no_truncation()
         out: list[RoleSequence] = []
-        for row, enc in enumerate(tok.encode_batch(list(texts))):
+        prefix = self.prefixes[role]
+        for row, enc in enumerate(tok.encode_batch([prefix + t for t in texts])):
             ids = np.asarray(enc.ids, dtype=np.int64)
             types = np.asarray(enc.type_ids, dtype=np.int64)
             if marker is not None:
