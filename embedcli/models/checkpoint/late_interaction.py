@@ -9,6 +9,10 @@
   `config_sentence_transformers.json` with `similarity_fn_name: "MaxSim"`, `query_prefix` / `document_prefix`,
   `query_length`, `document_length`, `do_query_expansion`, `attend_to_expansion_tokens`, `skiplist_words`.
 
+- **MultiVectorEncoder** (sentence-transformers 6's own save): modules [Transformer, Dense, MultiVectorMask,
+  Normalize]; the markers are the `query` / `document` prompts, `query_expansion` / `document_length` sit in
+  sentence_bert_config.json, the skiplist in the MultiVectorMask module's config.
+
 Defaults are sentence-transformers 6's `MultiVectorEncoder` (which reads both): markers `[unused0]`/`[unused1]`,
 query length 32, expansion on, not attended, and the punctuation skiplist when a PyLate save names none.
 """
