@@ -31,6 +31,8 @@ LAYOUTS = {
     "pylate-plain": lambda p: build_pylate_colbert(
         p, config={"do_query_expansion": False, "skiplist_words": [".", ","], "query_length": 8}
     ),
+    # lightonai's GTE-ModernColBERT shape: ModernBERT (local windows), added "[Q] " / "[D] " tokens
+    "pylate-modernbert": lambda p: build_pylate_colbert(p, body="modernbert"),
     # sentence-transformers 6's own save of each (MultiVectorMask module, prompts, query_expansion dict)
     "native": lambda p: build_native_colbert(p),
     "native-stanford": lambda p: build_native_colbert(p, stanford=True),

@@ -32,6 +32,14 @@ class PaddedGroup:
     rows: torch.Tensor  # [tokens] flat-buffer rows of the group's tokens
     key_mask: torch.Tensor | None  # [batch, 1, 1, max_len] True where a key is real; None if no pads
     whole: bool  # the group is the whole buffer in its own order (its output needs no scatter back)
+    # [batch, 1, 1, max_len] True where the slot holds a real token, where that differs from `key_mask`
+    # (query-only tokens); None: `key_mask` says it.
+    real_mask: torch.Tensor | None = None
+
+    @property
+    def slots(self) -> torch.Tensor | None:
+        """True where the padded slot holds a real token (query-only ones included); None if no pads."""
+        return self.key_mask if self.real_mask is None else self.real_mask
 
 
 @dataclass
@@ -124,6 +132,10 @@ def _group(
     idx = torch.tensor(members, dtype=torch.long)
     glens, starts = lens[idx], cu[idx]
     gather, scatter, key_mask = _padded_view(glens, starts, keys)
+    real_mask = None
+    if keys is not None:
+        _, _, real_mask = _padded_view(glens, starts)
+        real_mask = torch.ones_like(key_mask) if real_mask is None and key_mask is not None else real_mask
     rows = torch.cat([torch.arange(int(s), int(s) + int(n)) for s, n in zip(starts.tolist(), glens.tolist(), strict=True)])
     return PaddedGroup(
         batch=len(members),
@@ -133,6 +145,7 @@ def _group(
         rows=rows.to(device),
         key_mask=None if key_mask is None else key_mask.to(device),
         whole=members == list(range(len(lens))),
+        real_mask=None if real_mask is None else real_mask.to(device),
     )
 
 
@@ -189,8 +202,9 @@ def _band(reach: Window, length: int, device: str) -> torch.Tensor:
 def banded(mask: torch.Tensor | None, band: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """`mask` (None, boolean, or additive) with the keys outside `band` masked too.
 
-    Padded query rows (where `key_mask` says the slot is padding) keep every key: far from the real
-    tokens their band would hold none, and a fully masked row would be NaN (dropped, but NaN all the same).
+    Padded query rows (where `key_mask` — here the real slots, query-only tokens included — says the slot is
+    padding) keep every key: far from the real tokens their band would hold none, and a fully masked row would
+    be NaN (dropped, but NaN all the same).
     """
     allowed = band if key_mask is None else band | ~key_mask.transpose(-1, -2)
     if mask is None:
@@ -450,7 +464,7 @@ def grouped_attention(
                 mask = mask_padding(bias[..., : group.max_len, : group.max_len], group.key_mask)
             band = window_band(reach, group.max_len, causal=False, device=q.device)
             if band is not None:
-                mask = banded(mask, band, group.key_mask)
+                mask = banded(mask, band, group.slots)
             res = attend(q, k, v, mask, causal=causal, scale=scale, gqa=gqa)
         heads, dim = res.shape[1], res.shape[3]
         rows = res.transpose(1, 2).reshape(group.batch * group.max_len, heads, dim).index_select(0, group.scatter_index)
