@@ -202,3 +202,12 @@ def test_run_batch_score_and_rerank_use_the_roles(cli, colbert, oracle, tmp_path
     assert np.abs(scores - want).max() <= 1e-5
     order = np.lexsort((np.arange(len(want)), -want.astype(np.float64)))
     assert [r["index"] for r in got["r"]["results"]] == order.tolist()
+
+
+def test_query_and_document_outputs_do_not_mix(cli, colbert, tmp_path) -> None:
+    docs = _jsonl(tmp_path / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(COLBERT_TEXTS[:2])])
+    out = tmp_path / "tok.parquet"
+    cli("token-embed", docs, "-m", colbert["stanford"], "-o", out, "-q")
+    result = cli("token-embed", docs, "-m", colbert["stanford"], "--role", "query", "-o", out, "-q", code=2)
+    assert "role: document → query" in result.stderr
+    cli("token-embed", docs, "-m", colbert["stanford"], "--role", "document", "-o", out, "-q")  # same: complete
