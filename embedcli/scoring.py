@@ -20,9 +20,13 @@ How each method scores a (left, right) = (query, document) pair, as vLLM's `/sco
 - **LLM reranker** (a causal LM scored by its yes/no logits): a cross-encoder whose pair is one prompt: the
   pair template with `{query}`/`{document}` filled in (the document cut so the template's suffix stays), or,
   without a template, the tokenizer's text pair (for a decoder: query tokens then document tokens).
-- **maxsim** (late interaction, ColBERT style): per-token vectors of both sides (every token, special tokens
-  included, L2-normalized unless `--raw-scores`); score = Σ over query tokens of the max over document tokens
-  of the dot product, in float32.
+- **maxsim** (late interaction): score = Σ over query tokens of the max over document tokens of the dot
+  product, in float32. A ColBERT model (Stanford or PyLate layout) gives its own vectors: the query as a query
+  (marker, `[MASK]` expansion to the query length), each document as a document (marker, cut to the document
+  length, skiplist tokens dropped), L2-normalized token projections — sentence-transformers'
+  `MultiVectorEncoder.encode_query` / `encode_document` and `similarity`. Any other embedding model: the raw
+  per-token hidden states of both sides (every token, special tokens included, L2-normalized unless
+  `--raw-scores`).
 
 Neither side is stripped of whitespace (CrossEncoder and vLLM keep it).
 """
@@ -37,6 +41,26 @@ import numpy as np
 from embedcli.errors import PoolingConfigError
 
 METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse")
+ROLES: tuple[str, ...] = ("query", "document")
+
+
+class RoleText(str):
+    """A text that a late-interaction model encodes as a query or as a document (its `role`)."""
+
+    role: str
+
+    def __new__(cls, text: str, role: str) -> RoleText:
+        self = super().__new__(cls, text)
+        self.role = role
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RoleText, (str(self), self.role))
+
+
+def role_of(text: object, default: str | None) -> str | None:
+    """The role a runner input asks for (`RoleText`), else `default`."""
+    return text.role if isinstance(text, RoleText) else default
 SparseVector = tuple[np.ndarray, np.ndarray]  # (indices, values), indices sorted and unique
 DOCUMENT_PROMPT_NAMES: tuple[str, ...] = ("document", "passage", "corpus")
 
@@ -182,12 +206,20 @@ class PairScorer:
         self.pair_format = pair_format
         self.query_prompt, self.doc_prompt = pair_prompts(method, prompts or {})
         spec = getattr(getattr(runner, "model", None), "spec", None)
+        # A late-interaction model encodes each side in its role (markers, query expansion, skiplist).
+        self.roles = getattr(spec, "late_interaction", None) is not None
         if (self.query_prompt or self.doc_prompt) and spec is not None and not spec.include_prompt:
             # The prompts are prepended here, per side; the runner could not leave their tokens out of pooling.
             raise PoolingConfigError(
                 f"include_prompt=false ({spec.pooling_source}) with query/document prompts is not supported "
                 "for score and rerank; embed queries and documents with `embedcli embed --prompt-name`"
             )
+
+    def _query(self, text: str) -> str:
+        return RoleText(text, "query") if self.roles else self.query_prompt + text
+
+    def _doc(self, text: str) -> str:
+        return RoleText(text, "document") if self.roles else self.doc_prompt + text
 
     # -- 1:1 pairs ---------------------------------------------------------------------------------
     def pair_inputs(self, lefts: Sequence[str], rights: Sequence[str]) -> list[Any]:
@@ -196,7 +228,7 @@ class PairScorer:
             if self.pair_format is not None:
                 return [self.pair_format(q, d) for q, d in zip(lefts, rights, strict=True)]
             return list(zip(lefts, rights, strict=True))
-        return [self.query_prompt + t for t in lefts] + [self.doc_prompt + t for t in rights]
+        return [self._query(t) for t in lefts] + [self._doc(t) for t in rights]
 
     def pair_scores(self, result: Any, n: int) -> np.ndarray:
         """Scores of `n` pairs from the runner's result for `pair_inputs`."""
@@ -214,7 +246,7 @@ class PairScorer:
         """Query representations for `score_matrix` (bi-encoder and late interaction); None for cross-encoders."""
         if self.method == "cross-encoder" or not queries:
             return None
-        results = list(self.runner.map([[self.query_prompt + q for q in queries]]))
+        results = list(self.runner.map([[self._query(q) for q in queries]]))
         if self.method == "cosine":
             return np.concatenate([np.asarray(r) for r in results])
         return [m for r in results for m in r]
@@ -225,7 +257,7 @@ class PairScorer:
             if self.pair_format is not None:
                 return [self.pair_format(q, d) for q in queries for d in docs]
             return [(q, d) for q in queries for d in docs]
-        return [self.doc_prompt + d for d in docs]
+        return [self._doc(d) for d in docs]
 
     def score_matrix(self, encoded_queries: Any, result: Any, num_queries: int, num_docs: int) -> np.ndarray:
         """`[queries, docs]` scores from the runner's result for `doc_inputs`."""

@@ -350,7 +350,8 @@ def classify(
 
 @app.command(
     "token-embed",
-    epilog="Example: [bold]embedcli token-embed docs.jsonl -o token-vectors.parquet[/bold]",
+    epilog="Example: [bold]embedcli token-embed docs.jsonl -o token-vectors.parquet[/bold]; a ColBERT index: "
+    "[bold]embedcli token-embed docs.jsonl -m ./colbertv2.0 --role document -o doc-vectors.parquet[/bold]",
 )
 @unattended
 def token_embed(
@@ -380,12 +381,21 @@ def token_embed(
         help="L2-normalize each token vector (default: as the model says).", show_default=False,
     ),
     keep_special: bool = OPT_KEEP_SPECIAL,
+    role: Literal["auto", "query", "document"] = typer.Option(
+        "auto", "--role", envvar=env("role"), rich_help_panel=MODEL,
+        help="Late-interaction (ColBERT) models: encode each text as a query (marker, [MASK] expansion to the "
+        "query length) or a document (marker, cut to the document length, punctuation skiplist dropped); "
+        "auto: document. Other models have no roles.",
+    ),
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
     flags: RunFlags | None = None,
 ) -> None:
-    """Per-token vectors of each row: id, token_ids (list<int32>), embeddings (list<fixed_size_list<float32>\\[d]>)."""
+    """Per-token vectors of each row: id, token_ids (list<int32>), embeddings (list<fixed_size_list<float32>\\[d]>).
+
+    A ColBERT model (Stanford or PyLate layout) gives its own query or document vectors (`--role`), as
+    sentence-transformers' MultiVectorEncoder.encode_query / encode_document."""
     from embedcli.run.source import InputOptions
     from embedcli.tasks.common import ModelChoice, OutputOptions
     from embedcli.tasks.tokens import TokenOptions, run_token_embed
@@ -397,7 +407,7 @@ def token_embed(
             TokenOptions(
                 keep_special=keep_special, step_tag_id=step_tag_id,
                 dimensions=dimensions, normalize=normalize, max_batch_tokens=max_batch_tokens,
-                long_inputs=long_inputs, truncation_side=truncation_side, strip=strip,
+                long_inputs=long_inputs, truncation_side=truncation_side, strip=strip, role=role,
             ),
             OutputOptions(output, output_format, quiet, stats),
             flags,

@@ -132,8 +132,9 @@ OPT_RETURNED_IDS = typer.Option(
 OPT_METHOD = typer.Option(
     "auto", "--method", envvar=env("method"), rich_help_panel=MODEL,
     help="How pairs are scored. auto: cross-encoder for a one-label classifier or an LLM reranker, cosine for "
-    "an embedding model, sparse for a SPLADE model; maxsim: late interaction over per-token vectors (ColBERT "
-    "style); sparse: the dot product of sparse vectors.",
+    "an embedding model, sparse for a SPLADE model, maxsim for a ColBERT model; maxsim: late interaction over "
+    "per-token vectors (a ColBERT model's own query and document vectors; any other model's hidden states); "
+    "sparse: the dot product of sparse vectors.",
 )
 OPT_RAW_SCORES = typer.Option(
     False, "--raw-scores", envvar=env("raw-scores"), rich_help_panel=OUTPUT,

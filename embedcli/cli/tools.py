@@ -43,6 +43,7 @@ def info(
             return 0
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text  # values as plain text: "[unused0]" or a path with brackets is no markup
 
         table = Table(show_header=False, box=None)
         for key in (
@@ -50,14 +51,14 @@ def info(
             "embedding_size", "max_length", "is_matryoshka", "matryoshka_dimensions", "num_labels",
             "tasks", "commands", "config_hash", "dtype_auto", "runs_on", "runs_on_because", "packing_mode",
         ):
-            table.add_row(key, str(data.get(key)))
+            table.add_row(key, Text(str(data.get(key))))
         for key, value in data["choices"].items():
-            table.add_row(key, value)
+            table.add_row(key, Text(value))
         for key in ("score_tokens", "score_token_ids", "pair_format", "instruction", "score_formula", "sparse_head"):
             if data.get(key):  # LLM reranker / SPLADE only
-                table.add_row(key, str(data[key]))
-        table.add_row("projector", ", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none")
-        table.add_row("prompts", ", ".join(name for name, _ in data["prompts"]) or "none")
+                table.add_row(key, Text(str(data[key])))
+        table.add_row("projector", Text(", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none"))
+        table.add_row("prompts", Text(", ".join(name for name, _ in data["prompts"]) or "none"))
         Console().print(table)
         return 0
 

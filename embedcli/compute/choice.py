@@ -8,6 +8,11 @@ from embedcli.models.spec import ModelSpec
 
 def require_task(spec: ModelSpec, task: str, command: str) -> None:
     """A usage error (exit 2) naming what the model can do, when it cannot do `task`."""
+    if task == "embed" and spec.late_interaction is not None:
+        raise UsageError(
+            f"{command}: model {spec.name!r} is a late-interaction (ColBERT) model: it gives one vector per token, "
+            "not one per text; use `embedcli token-embed --role query|document`, or rerank / score (MaxSim)"
+        )
     if task not in spec.tasks:
         raise UsageError(f"{command}: model {spec.name!r} cannot do {task!r}; {can_do(spec)}")
 
@@ -16,7 +21,11 @@ def commands_for(spec: ModelSpec) -> list[str]:
     """The embedcli commands a model can serve (what `info` lists)."""
     commands: list[str] = []
     if "embed" in spec.tasks:
-        commands += ["embed", "search"] if spec.head == "static" else ["embed", "token-embed"]
+        commands.append("embed")
+        if spec.head == "static":
+            commands.append("search")
+    if "token_embed" in spec.tasks:
+        commands.append("token-embed")
     if spec.score_type:
         commands += ["rerank", "score"]
     if "classify" in spec.tasks:

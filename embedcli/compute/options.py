@@ -34,6 +34,8 @@ class RunnerOptions:
     chunked_prefill: bool = True
     # Token tasks: results carry each row's token ids too (`TokenRows`), for dropping special tokens.
     with_token_ids: bool = False
+    # Late-interaction (ColBERT) models: encode texts as queries or documents (a `RoleText` input says per text).
+    role: str | None = None
 
     def __post_init__(self) -> None:
         # Checked here, before the output's width is planned from it (a negative width is no usage error).

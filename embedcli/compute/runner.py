@@ -22,8 +22,10 @@ from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.checkpoint.st_config import prompt_token_count
 from embedcli.models.loader import LoadedModel
 from embedcli.models.tokenization.char_clip import clip_bound, clip_texts, unsafe_cuts
+from embedcli.models.tokenization.roles import RoleSequence, RoleTokenizer
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 from embedcli.pooling.poolers import pool_empty
+from embedcli.scoring import role_of
 
 TextInput = str | tuple[str, str]
 
@@ -41,6 +43,9 @@ class Encoded:
     owner: np.ndarray  # input row of each sequence (chunking maps several sequences to one row)
     num_rows: int
     chunked: np.ndarray | None = None  # per sequence: True when it is one chunk of an over-long row
+    # Late interaction: per sequence, which tokens are attention keys and whose vectors are kept.
+    keys: list[np.ndarray] | None = None
+    keep: list[np.ndarray] | None = None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -98,6 +103,12 @@ class Runner:
         self._special_ids = model.hf_tokenizer.all_special_ids
         self._clip_bound = clip_bound(self._tokenizer, self.max_length)
         self._prompt_tokens = self._excluded_prompt_tokens()
+        self._roles: RoleTokenizer | None = None
+        if spec.late_interaction is not None:
+            mask_id = getattr(model.hf_tokenizer, "mask_token_id", None)
+            if mask_id is None:
+                mask_id = getattr(model.hf_tokenizer, "eos_token_id", None)
+            self._roles = RoleTokenizer(self._tokenizer, spec.late_interaction, mask_id, spec.path)
         if self.options.dimensions is not None and not (spec.is_matryoshka or spec.matryoshka_dimensions):
             print(
                 f"embedcli: note: {spec.name} declares no Matryoshka dimensions (not trained for truncation); "
@@ -134,6 +145,8 @@ class Runner:
 
     def tokenize(self, texts: Sequence[TextInput], first_row: int = 0) -> Encoded:
         """Token ids of each text (or text pair) under the long-input rule; `first_row` numbers errors."""
+        if self._roles is not None:
+            return self._tokenize_roles(texts, first_row)
         mode = self.options.long_inputs
         tok = self._tokenizer
         if mode == "truncate":
@@ -183,6 +196,38 @@ class Runner:
             chunked=np.asarray(chunked, dtype=bool) if any(chunked) else None,
         )
 
+    def _tokenize_roles(self, texts: Sequence[TextInput], first_row: int) -> Encoded:
+        """A late-interaction model's queries and documents (each text's `RoleText` role, else the runner's)."""
+        assert self._roles is not None
+        if self.options.long_inputs == "chunk":
+            raise PoolingConfigError("--long-inputs chunk applies to embed only, not to a late-interaction model")
+        roles: list[str] = []
+        for t in texts:
+            role = role_of(t, self.options.role)
+            if isinstance(t, tuple) or role is None:
+                raise PoolingConfigError(
+                    f"{self.model.spec.name}: a late-interaction model encodes texts as queries or documents (--role)"
+                )
+            roles.append(role)
+        seqs: list[RoleSequence | None] = [None] * len(texts)
+        locate = getattr(texts, "locate", None)
+        for role in dict.fromkeys(roles):
+            rows = [i for i, r in enumerate(roles) if r == role]
+            encoded = self._roles.encode(
+                [self._prepare(str(texts[i])) for i in rows], role,
+                truncate=self.options.long_inputs == "truncate", side=self.options.truncation_side,
+                first_row=first_row, locate=(lambda j, rows=rows: locate(rows[j])) if locate else None,
+            )
+            for i, seq in zip(rows, encoded, strict=True):
+                seqs[i] = seq
+        done = [s for s in seqs if s is not None]
+        self.stats.truncated_rows += sum(s.truncated for s in done)
+        return Encoded(
+            ids=[s.ids for s in done], type_ids=[s.type_ids for s in done],
+            owner=np.arange(len(done), dtype=np.int64), num_rows=len(texts),
+            keys=[s.keys for s in done], keep=[s.keep for s in done],
+        )
+
     # -- compute -----------------------------------------------------------------------------------
     def _packs(self, lengths: np.ndarray) -> list[np.ndarray]:
         """Sequence indices of each forward: longest first, greedily filled up to the token budget."""
@@ -214,7 +259,10 @@ class Runner:
         types = None
         if enc.type_ids is not None:
             types = torch.from_numpy(np.concatenate([enc.type_ids[i] for i in members]))
-        hidden = self.model.forward_packed(flat, lengths, types)
+        keys = None
+        if enc.keys is not None:
+            keys = torch.from_numpy(np.concatenate([enc.keys[i] for i in members]))
+        hidden = self.model.forward_packed(flat, lengths, types, keys)
         params = [self.params_for(enc, i) for i in members.tolist()]
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu[1:])
@@ -256,7 +304,11 @@ class Runner:
     def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows:
         if self.params.task in ("token_embed", "token_classify"):
             values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]  # no None is left once every pack has run
-            return TokenRows(list(enc.ids), values) if self.options.with_token_ids else values
+            ids = list(enc.ids)
+            if enc.keep is not None:  # late interaction: the model's own rows (its expansion in, its skiplist out)
+                values = [v[k] for v, k in zip(values, enc.keep, strict=True)]
+                ids = [i[k] for i, k in zip(ids, enc.keep, strict=True)]
+            return TokenRows(ids, values) if self.options.with_token_ids else values
         if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index
             return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]  # no None is left once every pack has run
         if enc.num_rows == len(results):

@@ -46,6 +46,7 @@ from embedcli.pooling import (
 )
 from embedcli.pooling.activations import load_st_activation, st_classifier_activation
 from embedcli.pooling.params import SeqPoolingType
+from embedcli.pooling.token_projection import load_token_projection
 
 # Nothing downloads here: transformers only ever gets a resolved local folder and `local_files_only=True`.
 # (The environment is left alone: `embedcli.models.checkpoint.resolve` downloads a Hub id before loading, unless the
@@ -282,6 +283,9 @@ class LoadedModel:
         head_dtype = torch.float32
         if spec.head in ("lm_score", "sparse"):
             return lm_pooler(spec, self.options, classifier)
+        if spec.head == "base" and spec.late_interaction is not None:
+            # ColBERT: hidden -> token projection -> L2 per token (the head's normalization), token_embed only.
+            return DispatchPooler({"token_embed": pooler_for_token_embed(cfg, self._token_projection(), head_dtype)})
         if spec.head == "base":
             projector = None
             if spec.projector:
@@ -321,6 +325,21 @@ class LoadedModel:
         else:
             activation = resolve_classifier_activation(config, static_num_labels=False)
         return DispatchPooler({"token_classify": pooler_for_token_classify(cfg, classifier, activation, head_dtype)})
+
+    def _token_projection(self) -> nn.Module:
+        """A late-interaction model's token projection: its Dense modules (PyLate), or the Linear whose weight
+        lies beside the encoder's (Stanford's root `linear.weight`), loaded alone."""
+        spec, folder = self.spec, Path(self.spec.path)
+        layers: list[nn.Module] = []
+        for dense in spec.projector:
+            if dense.path or dense.activation != "torch.nn.modules.linear.Identity":
+                layers.append(_load_dense(folder, dense))
+                continue
+            layers.append(load_token_projection(
+                folder / "model.safetensors", "linear.weight", "linear.bias" if dense.bias else None,
+                (dense.out_features, dense.in_features),
+            ))
+        return nn.Sequential(*layers).to(torch.float32)
 
     def _settle_auto_dtype(self) -> None:
         """Resolve `auto` between float32 (loaded) and bf16 by the model's parity probe (cached per model)."""
@@ -381,11 +400,16 @@ class LoadedModel:
 
     @torch.inference_mode()
     def forward_packed(
-        self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        lengths: list[int],
+        token_type_ids: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Last hidden states `[total, hidden]` of sequences laid end to end in `input_ids`."""
+        """Last hidden states `[total, hidden]` of sequences laid end to end in `input_ids`; `keys` (bool per
+        token): False for a token no other token attends to (ColBERT's unattended query expansion)."""
         with self.compute_context():
-            return self._forward_packed(input_ids, lengths, token_type_ids)
+            return self._forward_packed(input_ids, lengths, token_type_ids, keys)
 
     def forward_with_prefix(
         self, input_ids: torch.Tensor, positions: torch.Tensor, pack: PackInfo | None, prefix: object
@@ -399,9 +423,10 @@ class LoadedModel:
         return self.backbone(input_ids, positions, pack, None, prefix)
 
     def _forward_packed(
-        self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None
+        self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None,
+        keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        pack = PackInfo.build(lengths, self.device)
+        pack = PackInfo.build(lengths, self.device, keys)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = self.position_ids(lengths).to(self.device, non_blocking=True)
         types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)

@@ -12,6 +12,14 @@ from typing import Any
 from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.checkpoint.config_sizes import check_config_sizes
 from embedcli.models.checkpoint.families import FAMILY_FIELDS, read_reranker, read_splade
+from embedcli.models.checkpoint.late_interaction import (
+    LateInteraction,
+    is_pylate,
+    is_stanford,
+    read_native,
+    read_pylate,
+    read_stanford,
+)
 from embedcli.models.checkpoint.remote_code import check_loadable
 from embedcli.models.checkpoint.resolve import DEFAULT_MODEL, resolve_model_path
 from embedcli.models.checkpoint.st_config import (
@@ -121,6 +129,8 @@ class ModelSpec:
     static_folder: str | None = None
     static_max_tokens: int | None = None
     truncate_dim: int | None = None
+    # A late-interaction (ColBERT) model: its projector is the token projection, its vectors come per role.
+    late_interaction: LateInteraction | None = None
     content_hash: str = field(default="", compare=False)
 
     @property
@@ -131,6 +141,8 @@ class ModelSpec:
     @property
     def tasks(self) -> tuple[str, ...]:
         """The pooling tasks this model can serve."""
+        if self.late_interaction is not None:
+            return ("token_embed",)
         return HEAD_TASKS.get(self.head, ("embed", "token_embed"))
 
     @property
@@ -142,6 +154,8 @@ class ModelSpec:
             return "cross-encoder"
         if self.head == "sparse":
             return "sparse"
+        if self.late_interaction is not None:
+            return "late-interaction"
         if self.head == "base":
             return "bi-encoder"
         return None  # static: embed only (its vectors score with `search`)
@@ -180,6 +194,8 @@ class ModelSpec:
                 )
             else:
                 data["pair_format"] = "the tokenizer's text pair (a decoder: query tokens then document tokens)"
+        if self.late_interaction is not None:
+            data["late_interaction_head"] = self.late_interaction.describe()
         if self.head == "sparse":
             data["sparse_head"] = (
                 f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
@@ -322,12 +338,16 @@ class _Modules:
     types: tuple[str, ...]
     splade: dict[str, Any] | None = None  # a SparseEncoder's SpladePooling config
     logit_score: dict[str, Any] | None = None  # a causal-LM CrossEncoder's LogitScore config
+    multi_vector_mask: dict[str, Any] | None = None  # a MultiVectorEncoder's MultiVectorMask config
 
 
 def _check_module_path(folder: Path, module: dict[str, Any], kind: str) -> None:
     """A module folder named in modules.json must lie inside the model folder (one that exists elsewhere would
     be used silently; one that does not is a broken layout)."""
-    folder_modules = ST_TYPES["pooling"] + ST_TYPES["dense"] + ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]
+    folder_modules = (
+        ST_TYPES["pooling"] + ST_TYPES["dense"] + ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]
+        + ST_TYPES["multi_vector_mask"]
+    )
     if kind not in folder_modules:
         return  # the Transformer reads the model folder itself; Normalize has none; others are refused by type
     rel = str(module.get("path", ""))
@@ -358,8 +378,8 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
             pooling = read_pooling(folder / module["path"] / "config.json", folder)
         elif kind in ST_TYPES["dense"]:
             projector.append(_dense_spec(folder, module["path"]))
-        elif kind in ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"]:
-            key = "splade_pooling" if kind in ST_TYPES["splade_pooling"] else "logit_score"
+        elif kind in ST_TYPES["splade_pooling"] + ST_TYPES["logit_score"] + ST_TYPES["multi_vector_mask"]:
+            key = next(k for k in ("splade_pooling", "logit_score", "multi_vector_mask") if kind in ST_TYPES[k])
             family[key] = read_json(folder / module["path"] / "config.json")
         elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]:
             raise ConfigRefusedError(f"{modules_path}: module type {kind!r} is not supported")
@@ -371,7 +391,7 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
         )
     normalize = any(t in ST_TYPES["normalize"] for t in types)
     return _Modules(True, pooling, normalize, tuple(projector), types, family.get("splade_pooling"),
-                    family.get("logit_score"))
+                    family.get("logit_score"), family.get("multi_vector_mask"))
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
@@ -428,6 +448,47 @@ def _family(
     return base.head, {}
 
 
+IDENTITY = "torch.nn.modules.linear.Identity"
+
+
+def _late_interaction(
+    folder: Path, base: _BaseConfig, mods: _Modules, st_cfg: dict[str, Any], max_length: int | None
+) -> tuple[tuple[DenseSpec, ...], LateInteraction | None]:
+    """The projector and `LateInteraction` of a ColBERT checkpoint (Stanford or PyLate layout); else the
+    modules' projector and None."""
+    stanford = is_stanford(base.config)
+    native = mods.multi_vector_mask is not None or st_cfg.get("model_type") == "MultiVectorEncoder"
+    if not stanford and not (mods.st_layout and (native or is_pylate(st_cfg))):
+        return mods.projector, None
+    if base.is_decoder or base.head != "base":
+        raise ConfigRefusedError(
+            f"{folder / 'config.json'}: a late-interaction (ColBERT) head on {base.architecture} is not supported; "
+            "embedcli runs ColBERT on bidirectional encoders"
+        )
+    model_max = _max_length(folder, base, {}, False, max_length)
+    # Without a length of its own a role is cut where sentence-transformers' Transformer cuts (max_seq_length).
+    st_max = _max_length(folder, base, _optional_json(folder / "sentence_bert_config.json"), mods.st_layout, max_length)
+    if stanford:
+        late, (dim, hidden) = read_stanford(folder, base.hidden, model_max)
+        return (DenseSpec(path="", in_features=hidden, out_features=dim, bias=False, activation=IDENTITY),), late
+    pooling = [t for t in mods.types if t in ST_TYPES["pooling"]]
+    if pooling or mods.splade is not None or mods.logit_score is not None:
+        raise ConfigRefusedError(
+            f"{folder / 'modules.json'}: a MaxSim (PyLate) model with a {pooling[0].rpartition('.')[2] if pooling else 'sparse or score'} "
+            "module is not supported; a ColBERT model is a Transformer and Dense projections"
+        )
+    dim = mods.projector[-1].out_features if mods.projector else base.hidden
+    if native:
+        if mods.multi_vector_mask is None or not mods.normalize:
+            raise ConfigRefusedError(
+                f"{folder / 'modules.json'}: a MultiVectorEncoder without a MultiVectorMask and a Normalize module "
+                "is not supported"
+            )
+        sbert = _optional_json(folder / "sentence_bert_config.json")
+        return mods.projector, read_native(folder, st_cfg, sbert, mods.multi_vector_mask, dim, model_max, st_max)
+    return mods.projector, read_pylate(folder, st_cfg, dim, model_max, st_max)
+
+
 def load_model_spec(
     model: str | None,
     *,
@@ -460,9 +521,12 @@ def load_model_spec(
     # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.
     classifier = base.head != "base" and head != "lm_score"
     activation = read_classifier_activation(folder, config, st_cfg, num_labels) if classifier else None
-    similarity, similarity_source = read_similarity(folder, st_cfg)
+    projector, late = _late_interaction(folder, base, mods, st_cfg, max_length)
+    if late is not None:
+        similarity, similarity_source = "maxsim", f"late interaction ({late.source})"
+    else:
+        similarity, similarity_source = read_similarity(folder, st_cfg)
     matryoshka = config.get("matryoshka_dimensions")
-    projector = mods.projector
     spec = ModelSpec(
         name=str(model) if model else DEFAULT_MODEL,
         path=str(folder),
@@ -474,7 +538,7 @@ def load_model_spec(
         max_length=_max_length(folder, base, sbert, mods.st_layout, max_length),
         do_lower_case=bool(sbert.get("do_lower_case", False)),
         seq_pooling_type="+".join(MODE_TYPES[m] for m in mods.pooling.modes),
-        normalize=mods.normalize,
+        normalize=mods.normalize or late is not None,
         projector=projector,
         embedding_size=projector[-1].out_features if projector else base.hidden * len(mods.pooling.modes),
         is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
@@ -501,9 +565,11 @@ def load_model_spec(
         packing=plan.packing,
         causal=plan.causal,
         position_offset=bool(REGISTRY.get(base.model_type) and REGISTRY[base.model_type].position_offset),
+        late_interaction=late,
         content_hash=_hash_files(
             folder,
-            ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector),
+            ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector if d.path),
+             *(("artifact.metadata", ST_CONFIG) if late is not None else ()),
              # An LLM reranker's prompt can come from these files (chat template and its kwargs).
              *(("chat_template.jinja", "tokenizer_config.json", "sentence_bert_config.json") if head == "lm_score" else ())],
         ),

@@ -186,6 +186,8 @@ def run_batch(
     base = RunnerOptions(
         task=default_task, max_batch_tokens=opts.max_batch_tokens, strip=False,
         truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
+        # A ColBERT model's /pooling vectors are its document vectors; /score and /rerank give each side its role.
+        role="document" if spec.late_interaction is not None else None,
     )
     runner = build(spec, choice, base, logit_mean=mean, logit_sigma=sigma)
     engine = unit_engine(runner, method, engine=flags.engine, address=flags.ray_address, workers=flags.workers,

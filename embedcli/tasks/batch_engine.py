@@ -21,6 +21,7 @@ from embedcli.batchapi import Chunk, Unit, UnitParams, UnitResult
 from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.runner import Encoded, Runner, RunnerOptions, RunStats, prefetch
 from embedcli.engines.ray_engine import RayRunner, require_ray
+from embedcli.errors import UsageError
 from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.loader import LoadedModel
 from embedcli.scoring import PairScorer
@@ -100,6 +101,10 @@ class UnitEngine:
         ids: list[Any] = [None] * n
         types: list[Any] = [None] * n
         text_at = [i for i, x in enumerate(inputs) if not _is_token_ids(x)]
+        if runner.model.spec.late_interaction is not None:
+            if len(text_at) != n:
+                raise UsageError("run-batch: a late-interaction (ColBERT) model takes texts, not token ids")
+            return runner.tokenize(list(inputs))  # its markers, expansion and skiplist ride on the encoding
         if text_at:
             enc = runner.tokenize([inputs[i] for i in text_at])  # truncation: no chunks, one sequence per input
             for j, i in enumerate(text_at):

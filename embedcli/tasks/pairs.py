@@ -107,7 +107,10 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
     """How `spec` scores pairs: cross-encoder, cosine, maxsim or sparse (`auto`: by the model, as vLLM's score type)."""
     if method not in METHODS:
         raise UsageError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
+    late = spec.late_interaction is not None
     if method == "auto":
+        if late:
+            return "maxsim"
         if spec.score_type == "cross-encoder":
             return "cross-encoder"
         if spec.score_type == "bi-encoder":
@@ -118,9 +121,11 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
         return method
     elif method == "cross-encoder" and spec.score_type == "cross-encoder":
         return method
-    elif method in ("cosine", "maxsim") and spec.head == "base":
+    elif method == "maxsim" and spec.head == "base":
         return method
-    why = {
+    elif method == "cosine" and spec.head == "base" and not late:
+        return method
+    why = "a late-interaction (ColBERT) model scores pairs by MaxSim over its query and document vectors" if late else {
         "sequence_classification": f"a classifier with {spec.num_labels} labels scores pairs only as a "
         "cross-encoder, which needs exactly one label",
         "token_classification": "a token classifier cannot score pairs",

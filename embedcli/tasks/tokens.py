@@ -54,6 +54,26 @@ class TokenOptions:
     long_inputs: str = "truncate"
     truncation_side: str = "right"
     strip: bool = False
+    role: str = "auto"  # token-embed on a late-interaction model: query or document (auto: document)
+
+
+def token_role(spec: ModelSpec, opts: TokenOptions) -> str | None:
+    """The role texts are encoded in: a late-interaction model's query or document (auto: document); None for
+    any other model, which has no roles (UsageError when one is asked of it)."""
+    if spec.late_interaction is None:
+        if opts.role != "auto":
+            raise UsageError(
+                f"token-embed: --role {opts.role} applies to late-interaction (ColBERT) models; {spec.name!r} gives "
+                "the same per-token vectors for every text (use --prompt-name on embed for query/document prompts)"
+            )
+        return None
+    if opts.keep_special or opts.step_tag_id is not None:
+        flag = "--keep-special" if opts.keep_special else "--step-tag-id"
+        raise UsageError(
+            f"token-embed: {flag} does not apply to a late-interaction (ColBERT) model: its query and document "
+            "vectors are the model's own (query expansion kept, skiplist tokens dropped)"
+        )
+    return "document" if opts.role == "auto" else opts.role
 
 
 def special_ids(model: Any) -> np.ndarray:
@@ -107,10 +127,12 @@ class TokenEmbedCodec:
     width: int
     keep_cols: tuple[str, ...] = ()
     special: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    late: bool = False  # a late-interaction model: the runner already kept the model's own rows
 
     def load(self, runner: Runner) -> None:
-        """Take the special ids of the built runner's tokenizer."""
-        self.special = special_ids(runner.model)
+        """Take the special ids of the built runner's tokenizer (none for a late-interaction model)."""
+        if not self.late:
+            self.special = special_ids(runner.model)
 
     def inputs(self, batch: Any) -> Any:
         """The batch's texts."""
@@ -239,7 +261,7 @@ def token_recipe(task: str, command: str, spec: ModelSpec, choice: ModelChoice, 
         task=task, max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         normalize=opts.normalize if task == "token_embed" else None, dimensions=opts.dimensions,
-        with_token_ids=True,
+        with_token_ids=True, role=token_role(spec, opts) if task == "token_embed" else None,
     )
     return runner_recipe(spec, choice, options, **extra)
 
@@ -253,14 +275,16 @@ def run_token_embed(
     check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)
     recipe = token_recipe("token_embed", "token-embed", spec, choice, opts)
-    codec = TokenEmbedCodec(opts, recipe.runner_options.dimensions or spec.embedding_size, tuple(inputs.keep_cols))
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(
-        recipe, flags,
-        {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
-         "returned_token_ids": opts.returned_token_ids},
-        loaded=codec.load,
+    role = recipe.runner_options.role
+    codec = TokenEmbedCodec(
+        opts, recipe.runner_options.dimensions or spec.embedding_size, tuple(inputs.keep_cols), late=role is not None
     )
+    extra: dict[str, Any] = {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
+                             "returned_token_ids": opts.returned_token_ids}
+    if role is not None:
+        extra["role"] = role  # query and document vectors of one model are different outputs
+    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
+    engine, meta, _ = planned_engine(recipe, flags, extra, loaded=codec.load)
     return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
 
 

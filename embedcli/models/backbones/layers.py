@@ -185,7 +185,7 @@ def varlen_attention(
     """
     kv = kv_heads or heads
     total = qkv.shape[0]
-    if bias is None and flash_attn_available(qkv.device) and qkv.dtype != torch.float32:
+    if bias is None and not pack.query_only and flash_attn_available(qkv.device) and qkv.dtype != torch.float32:
         q, k, v = qkv.split([heads * head_dim, kv * head_dim, kv * head_dim], dim=-1)
         out = packed_attention(
             q.view(total, heads, head_dim), k.view(total, kv, head_dim), v.view(total, kv, head_dim),

@@ -81,7 +81,7 @@ class PaddedBackbone(nn.Module):
             for b, i in enumerate(group):
                 n, s = lengths[i], starts[i]
                 ids[b, :n] = input_ids[s : s + n]
-                mask[b, :n] = 1
+                mask[b, :n] = 1 if pack.keys is None else pack.keys[s : s + n].to(mask.dtype)
                 if types is not None and token_type_ids is not None:
                     types[b, :n] = token_type_ids[s : s + n]
             result = self._run(ids, mask, types)

@@ -44,6 +44,8 @@ ST_TYPES: dict[str, tuple[str, ...]] = {
     ),
     # CrossEncoder on a causal LM: the score is logit[true] - logit[false] at the last token.
     "logit_score": ("sentence_transformers.cross_encoder.modules.logit_score.LogitScore",),
+    # MultiVectorEncoder (sentence-transformers 6's ColBERT layout): the scoring mask (skiplist) of token vectors.
+    "multi_vector_mask": ("sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask",),
 }
 ST_CONFIG = "config_sentence_transformers.json"
 # sentence-transformers' Pooling modes; the legacy `pooling_mode_<name>` booleans concatenate in this order.
@@ -257,6 +259,12 @@ def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
     if info.get("head") == "sparse":
         return [
             ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
+            ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+        ]
+    if info.get("late_interaction_head"):
+        return [
+            ("pooling", "none: one vector per token (late interaction)"),
+            ("late_interaction", str(info["late_interaction_head"])),
             ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
         ]
     rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]

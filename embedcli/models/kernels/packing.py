@@ -32,6 +32,14 @@ class PaddedGroup:
     rows: torch.Tensor  # [tokens] flat-buffer rows of the group's tokens
     key_mask: torch.Tensor | None  # [batch, 1, 1, max_len] True where a key is real; None if no pads
     whole: bool  # the group is the whole buffer in its own order (its output needs no scatter back)
+    # [batch, 1, 1, max_len] True where the slot holds a real token, where that differs from `key_mask`
+    # (query-only tokens); None: `key_mask` says it.
+    real_mask: torch.Tensor | None = None
+
+    @property
+    def slots(self) -> torch.Tensor | None:
+        """True where the padded slot holds a real token (query-only ones included); None if no pads."""
+        return self.key_mask if self.real_mask is None else self.real_mask
 
 
 @dataclass
@@ -49,6 +57,10 @@ class PackInfo:
     scatter_index: torch.Tensor  # [total] padded slot of each flat-buffer row
     key_mask: torch.Tensor | None  # [batch, 1, 1, max_len] True where a key is real; None if no pads
     groups: list[PaddedGroup]
+    # Some real tokens are queries only, never keys (ColBERT's unattended [MASK] expansion): their rows attend
+    # to the others but no row attends to them; the key masks carry it, so kernels without one must not run.
+    query_only: bool = False
+    keys: torch.Tensor | None = None  # [total] bool on the CPU: the key flags (None: every token is a key)
 
     @property
     def batch(self) -> int:
@@ -61,14 +73,19 @@ class PackInfo:
         return int(self.cu_seqlens[-1])
 
     @classmethod
-    def build(cls, lengths: list[int], device: torch.device | str = "cpu") -> PackInfo:
-        """Index maps for sequences of `lengths` laid end to end."""
+    def build(
+        cls, lengths: list[int], device: torch.device | str = "cpu", keys: torch.Tensor | None = None
+    ) -> PackInfo:
+        """Index maps for sequences of `lengths` laid end to end; `keys` (bool per token, on the CPU): False for
+        a token no other token attends to (None: every token is a key)."""
         if not lengths or min(lengths) < 1:
             raise ValueError("a packed batch needs at least one sequence, each of at least one token")
+        if keys is not None and bool(keys.all()):
+            keys = None
         lens = torch.tensor(lengths, dtype=torch.long)
         cu = torch.zeros(len(lengths) + 1, dtype=torch.long)
         torch.cumsum(lens, 0, out=cu[1:])
-        gather, scatter, key_mask = _padded_view(lens, cu[:-1])
+        gather, scatter, key_mask = _padded_view(lens, cu[:-1], keys)
         return cls(
             cu_seqlens=cu.to(device=device, dtype=torch.int32),
             lengths=list(lengths),
@@ -76,7 +93,9 @@ class PackInfo:
             gather_index=gather.to(device),
             scatter_index=scatter.to(device),
             key_mask=None if key_mask is None else key_mask.to(device),
-            groups=[_group(lens, cu, members, device) for members in length_groups(lengths)],
+            groups=[_group(lens, cu, members, device, keys) for members in length_groups(lengths)],
+            query_only=keys is not None,
+            keys=keys,
         )
 
 
@@ -92,21 +111,31 @@ def length_groups(lengths: list[int], ratio: float = GROUP_LENGTH_RATIO) -> list
     return groups
 
 
-def _padded_view(lens: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gather index, scatter index and key mask of sequences `lens` starting at flat rows `starts`."""
+def _padded_view(
+    lens: torch.Tensor, starts: torch.Tensor, keys: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gather index, scatter index and key mask of sequences `lens` starting at flat rows `starts` (`keys`: the
+    flat buffer's key flags, folded into the mask)."""
     batch, max_len = len(lens), int(lens.max())
     pos = torch.arange(max_len)
     valid = pos[None, :] < lens[:, None]  # [batch, max_len]
     gather = torch.where(valid, starts[:, None] + pos[None, :], starts[:, None])
     scatter = (torch.arange(batch)[:, None] * max_len + pos[None, :])[valid]
-    key_mask = None if bool(valid.all()) else valid[:, None, None, :]
+    attended = valid if keys is None else valid & keys[gather]
+    key_mask = None if bool(attended.all()) else attended[:, None, None, :]
     return gather.reshape(-1), scatter, key_mask
 
 
-def _group(lens: torch.Tensor, cu: torch.Tensor, members: list[int], device: torch.device | str) -> PaddedGroup:
+def _group(
+    lens: torch.Tensor, cu: torch.Tensor, members: list[int], device: torch.device | str, keys: torch.Tensor | None = None
+) -> PaddedGroup:
     idx = torch.tensor(members, dtype=torch.long)
     glens, starts = lens[idx], cu[idx]
-    gather, scatter, key_mask = _padded_view(glens, starts)
+    gather, scatter, key_mask = _padded_view(glens, starts, keys)
+    real_mask = None
+    if keys is not None:
+        _, _, real_mask = _padded_view(glens, starts)
+        real_mask = torch.ones_like(key_mask) if real_mask is None and key_mask is not None else real_mask
     rows = torch.cat([torch.arange(int(s), int(s) + int(n)) for s, n in zip(starts.tolist(), glens.tolist(), strict=True)])
     return PaddedGroup(
         batch=len(members),
@@ -116,6 +145,7 @@ def _group(lens: torch.Tensor, cu: torch.Tensor, members: list[int], device: tor
         rows=rows.to(device),
         key_mask=None if key_mask is None else key_mask.to(device),
         whole=members == list(range(len(lens))),
+        real_mask=None if real_mask is None else real_mask.to(device),
     )
 
 
@@ -172,8 +202,9 @@ def _band(reach: Window, length: int, device: str) -> torch.Tensor:
 def banded(mask: torch.Tensor | None, band: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """`mask` (None, boolean, or additive) with the keys outside `band` masked too.
 
-    Padded query rows (where `key_mask` says the slot is padding) keep every key: far from the real
-    tokens their band would hold none, and a fully masked row would be NaN (dropped, but NaN all the same).
+    Padded query rows (where `key_mask` — here the real slots, query-only tokens included — says the slot is
+    padding) keep every key: far from the real tokens their band would hold none, and a fully masked row would
+    be NaN (dropped, but NaN all the same).
     """
     allowed = band if key_mask is None else band | ~key_mask.transpose(-1, -2)
     if mask is None:
@@ -270,7 +301,12 @@ def packed_attention(
     `window`: each query sees only the keys within (left, right) tokens of it (see `Window`).
     """
     gqa = q.shape[1] != k.shape[1]
-    if attn_bias is None and flash_attn_available(q.device) and q.dtype in (torch.float16, torch.bfloat16):
+    if pack.query_only:  # only the key masks say which tokens are keys
+        if attn_bias is None:
+            return grouped_attention([q, k, v], lambda t: (t[0], t[1], t[2]), pack, causal=causal, scale=scale, gqa=gqa,
+                                     window=window)
+        attn_bias = padded_bias(attn_bias, pack)
+    elif attn_bias is None and flash_attn_available(q.device) and q.dtype in (torch.float16, torch.bfloat16):
         fn = _flash_varlen()
         # flash-attn's window_size is the same inclusive (left, right) reach.
         extra = {} if window is None else {"window_size": window}
@@ -428,7 +464,7 @@ def grouped_attention(
                 mask = mask_padding(bias[..., : group.max_len, : group.max_len], group.key_mask)
             band = window_band(reach, group.max_len, causal=False, device=q.device)
             if band is not None:
-                mask = banded(mask, band, group.key_mask)
+                mask = banded(mask, band, group.slots)
             res = attend(q, k, v, mask, causal=causal, scale=scale, gqa=gqa)
         heads, dim = res.shape[1], res.shape[3]
         rows = res.transpose(1, 2).reshape(group.batch * group.max_len, heads, dim).index_select(0, group.scatter_index)
