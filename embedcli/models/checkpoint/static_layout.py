@@ -157,15 +157,21 @@ def _st_fields(folder: Path, modules: list[dict[str, Any]], requested: int | Non
     }
 
 
+def _check_max_length(requested: int | None) -> None:
+    # a transformer model's own check names its range; a static table has no upper bound
+    if requested is not None and requested < 1:
+        raise ConfigRefusedError(f"--max-length {requested}: must be at least 1")
+
+
 def read_static(folder: Path, requested_max_length: int | None = None) -> dict[str, Any] | None:
     """The static-model fields of `folder` (see the module docstring), or None when it is not a static model."""
-    if requested_max_length is not None and requested_max_length < 1:
-        raise ConfigRefusedError(f"--max-length {requested_max_length}: must be at least 1")
     config_path = folder / "config.json"
     config = read_json(config_path) if config_path.is_file() else None
     if isinstance(config, dict) and _is_model2vec_config(config, folder):
+        _check_max_length(requested_max_length)
         return _m2v_fields(folder, config, requested_max_length)
     modules = _modules(folder)
     if modules and str(modules[0].get("type", "")) in STATIC_EMBEDDING_TYPES:
+        _check_max_length(requested_max_length)
         return _st_fields(folder, modules, requested_max_length)
     return None
