@@ -95,6 +95,13 @@ def embed(
     precision: Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"] = OPT_EMBED_PRECISION,
     calibration: str | None = OPT_EMBED_CALIBRATION,
     quantize: bool = OPT_EMBED_QUANTIZE,
+    outputs: str = typer.Option(
+        "dense", "--outputs", envvar=env("outputs"), rich_help_panel=OUTPUT,
+        help="BGE-M3 (colbert_linear.pt + sparse_linear.pt beside the weights): a comma-separated subset of dense, "
+        "sparse, colbert, written as columns of one output from ONE forward per pack (--stats: forwards, "
+        "batches), equal to what embed (embedding), sparse-embed (indices, values) and token-embed (token_ids, "
+        "embeddings) write. Other models: dense only.",
+    ),
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -104,6 +111,7 @@ def embed(
     from embedcli.run.source import InputOptions
     from embedcli.tasks.common import ModelChoice, OutputOptions
     from embedcli.tasks.embed import EmbedOptions, run_embed
+    from embedcli.tasks.m3_rules import parse_outputs
 
     run(
         lambda: run_embed(
@@ -112,7 +120,7 @@ def embed(
             EmbedOptions(
                 normalize=normalize, max_batch_tokens=max_batch_tokens, strip=strip, dimensions=dimensions,
                 prompt=prompt, prompt_name=prompt_name, long_inputs=long_inputs, truncation_side=truncation_side,
-                precision=precision, calibration=calibration,
+                precision=precision, calibration=calibration, outputs=parse_outputs(outputs),
             ),
             OutputOptions(output, output_format, quiet, stats),
             flags,

@@ -50,6 +50,7 @@ class Encoded:
 
 SequenceResult = np.ndarray  # [n, d] for sequence tasks
 TokenResult = list[np.ndarray]  # per-row matrices for token tasks
+SparseResult = list[tuple[np.ndarray, np.ndarray]]  # sparse_embed: (indices int32, values float32) per row
 HybridResult = list[dict[str, Any]]  # BGE-M3 hybrid_embed: {output: value} per row
 
 
@@ -225,7 +226,7 @@ class Runner:
         self.stats.tokens += int(cu[-1])
         return list(out)
 
-    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult | TokenRows | HybridResult:
+    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult | TokenRows | SparseResult | HybridResult:
         """Results for every row of a tokenized batch, in row order."""
         start = time.perf_counter()
         results: list[torch.Tensor | None] = [None] * len(enc.ids)
@@ -251,14 +252,14 @@ class Runner:
         self.stats.seconds["compute"] += time.perf_counter() - start
         return combined
 
-    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows | HybridResult:
+    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows | SparseResult | HybridResult:
         if self.params.task in ("token_embed", "token_classify"):
             values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]  # no None is left once every pack has run
             # A pooler that leaves out each sequence's first token (BGE-M3's colbert vectors) keeps ids aligned.
             ids = [i[1:] for i in enc.ids] if self.pooler.drops_first_token() else list(enc.ids)
             return TokenRows(ids, values) if self.options.with_token_ids else values
         if self.params.task == "hybrid_embed":  # BGE-M3: {output: value} per row, from one forward per pack
-            return [hybrid_numpy(r) for r in results]  # type: ignore[arg-type]  # no None is left once every pack has run
+            return [hybrid_numpy(r, ids) for r, ids in zip(results, enc.ids, strict=True)]  # type: ignore[arg-type]  # no None is left once every pack has run
         if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index
             return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]  # no None is left once every pack has run
         if enc.num_rows == len(results):
@@ -292,7 +293,7 @@ class Runner:
         return mean.astype(np.float32)
 
     # -- streaming ---------------------------------------------------------------------------------
-    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult | TokenRows | HybridResult]:
+    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult | TokenRows | SparseResult | HybridResult]:
         """One result per input batch, in order; the next batch is tokenized while this one computes."""
         source = iter(batches)
         first_row = 0
@@ -323,9 +324,10 @@ class Runner:
         return np.concatenate(parts)
 
 
-def hybrid_numpy(row: dict[str, Any]) -> dict[str, Any]:
-    """One BGE-M3 hybrid result as numpy: dense `[d]`, sparse (indices int32, values float32), colbert `[n, d]`."""
-    out: dict[str, Any] = {}
+def hybrid_numpy(row: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+    """One BGE-M3 hybrid result as numpy: dense `[d]`, sparse (indices int32, values float32), colbert `[n - 1, d]`
+    with `colbert_ids`, the token ids of its rows (all but the first)."""
+    out: dict[str, Any] = {"colbert_ids": ids[1:]} if "colbert" in row else {}
     for name, value in row.items():
         if name == "sparse":
             out[name] = (value[0].cpu().numpy().astype(np.int32), value[1].float().cpu().numpy())

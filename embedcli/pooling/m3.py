@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ class M3SparsePooler(Pooler):
     def __init__(self, sparse_linear: nn.Module, skip_ids: tuple[int, ...]) -> None:
         super().__init__()
         self.sparse_linear = sparse_linear
-        self.register_buffer("skip_ids", torch.tensor(sorted(set(skip_ids)), dtype=torch.int64), persistent=False)
+        self.skip_ids = torch.tensor(sorted(set(skip_ids)), dtype=torch.int64)  # moved to the buffer's device per call
 
     def get_supported_tasks(self) -> set[str]:
         return {"sparse_embed"}
@@ -68,7 +69,7 @@ class M3SparsePooler(Pooler):
         weights = torch.relu(self.sparse_linear(_head_input(hidden, self.sparse_linear))).squeeze(-1)
         ids = token_ids.to(weights.device)
         skip = self.skip_ids.to(weights.device)
-        return [lexical_weights(weights[lo:hi], ids[lo:hi], skip) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+        return [lexical_weights(weights[lo:hi], ids[lo:hi], skip) for lo, hi in itertools.pairwise(bounds)]
 
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> list[SparseRow]:  # type: ignore[override]  # sparse (indices, values) pairs, not dense rows
         if metadata.token_ids is None:
@@ -92,7 +93,7 @@ class M3ColbertPooler(Pooler):
     def pool(self, hidden: torch.Tensor, bounds: list[int]) -> list[torch.Tensor]:
         """Colbert vectors (`[n - 1, dim]`) of each sequence of a packed buffer."""
         vectors = F.normalize(self.colbert_linear(_head_input(hidden, self.colbert_linear)).float(), dim=-1)
-        return [vectors[min(lo + 1, hi):hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
+        return [vectors[min(lo + 1, hi):hi] for lo, hi in itertools.pairwise(bounds)]
 
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> list[torch.Tensor]:  # type: ignore[override]  # one matrix per sequence
         return self.pool(hidden_states, _bounds(metadata))
