@@ -99,10 +99,7 @@ def embed(
     quantize: bool = OPT_EMBED_QUANTIZE,
     outputs: str = typer.Option(
         "dense", "--outputs", envvar=env("outputs"), rich_help_panel=OUTPUT,
-        help="BGE-M3 (colbert_linear.pt + sparse_linear.pt beside the weights): a comma-separated subset of dense, "
-        "sparse, colbert, written as columns of one output from ONE forward per pack (--stats: forwards, "
-        "batches), equal to what embed (embedding), sparse-embed (indices, values) and token-embed (token_ids, "
-        "embeddings) write. Other models: dense only.",
+        help="BGE-M3 outputs: dense,sparse,colbert", show_default=False,
     ),
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,

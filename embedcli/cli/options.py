@@ -184,8 +184,8 @@ def floats(value: str | None, flag: str) -> tuple[float, ...] | None:
 # Options of embed ----------------------------------------------------------------------------------------
 OPT_EMBED_NORMALIZE = typer.Option(
     None, "--normalize/--no-normalize", envvar=env("normalize"), rich_help_panel=OUTPUT,
-    help="L2-normalize vectors (default: as the model says; a sentence-transformers model normalizes only "
-    "if it lists a Normalize module).",
+    help="L2-normalize vectors (default: as the model says; a sentence-transformers model: only with a "
+    "Normalize module).",
     show_default=False,
 )
 OPT_EMBED_DIMENSIONS = typer.Option(
