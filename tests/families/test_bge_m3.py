@@ -250,3 +250,25 @@ def test_info_and_hub_download_know_the_heads(cli, m3_model) -> None:
                "onnx/model.onnx", "tokenizer.json"]
     assert set(select_files(listing)) == {"config.json", "model.safetensors", "colbert_linear.pt", "sparse_linear.pt",
                                           "tokenizer.json"}
+
+
+def test_incremental_hybrid_recomputes_only_new_and_changed_rows(cli, m3_model, texts_file, tmp_path) -> None:
+    out = tmp_path / "inc.parquet"
+    cli("embed", texts_file, "-m", m3_model, "--outputs", "dense,sparse,colbert", "-o", out, "-q")
+    rows = [json.loads(line) for line in texts_file.read_text().splitlines()]
+    rows[1]["text"] = "a changed text"
+    rows.append({"id": "new", "text": "a brand new row"})
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cli("embed", changed, "-m", m3_model, "--outputs", "dense,sparse,colbert", "-o", out, "--incremental", "-q",
+        "--stats", tmp_path / "inc.json")
+    stats = json.loads((tmp_path / "inc.json").read_text())
+    assert (stats["computed_rows"], stats["carried_rows"]) == (2, len(TEXTS) - 1)
+    cli("embed", changed, "-m", m3_model, "--outputs", "dense,sparse,colbert", "-o", tmp_path / "full.parquet", "-q")
+    got, want = _rows(out), _rows(tmp_path / "full.parquet")
+    assert [r["id"] for r in got] == [r["id"] for r in want]
+    for a, b in zip(got, want, strict=True):
+        assert a["indices"] == b["indices"] and a["token_ids"] == b["token_ids"]
+        np.testing.assert_allclose(a["embedding"], b["embedding"], atol=1e-5)
+        np.testing.assert_allclose(a["values"], b["values"], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a["embeddings"]), np.asarray(b["embeddings"]), atol=1e-5)
