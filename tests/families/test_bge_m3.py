@@ -272,3 +272,13 @@ def test_incremental_hybrid_recomputes_only_new_and_changed_rows(cli, m3_model, 
         np.testing.assert_allclose(a["embedding"], b["embedding"], atol=1e-5)
         np.testing.assert_allclose(a["values"], b["values"], atol=1e-5)
         np.testing.assert_allclose(np.asarray(a["embeddings"]), np.asarray(b["embeddings"]), atol=1e-5)
+
+
+def test_the_exact_fallback_gives_the_same_outputs(cli, m3_model, texts_file, reference, oracle, tmp_path) -> None:
+    out = tmp_path / "fallback.parquet"
+    cli("embed", texts_file, "-m", m3_model, "--outputs", "dense,sparse,colbert", "-o", out, "-q",
+        env={"EMBEDCLI_BACKBONE": "transformers"})
+    rows = _rows(out)
+    _check_dense(rows, reference)
+    _check_sparse(rows, reference)
+    _check_colbert(rows, reference, oracle)
