@@ -27,6 +27,14 @@ How each method scores a (left, right) = (query, document) pair, as vLLM's `/sco
   `MultiVectorEncoder.encode_query` / `encode_document` and `similarity`. Any other embedding model: the raw
   per-token hidden states of both sides (every token, special tokens included, L2-normalized unless
   `--raw-scores`).
+- **m3** (BGE-M3, as FlagEmbedding's `BGEM3FlagModel.compute_score`): both sides give their dense vector,
+  lexical weights and colbert vectors from one forward each; dense = the dot product of the normalized dense
+  vectors, sparse = the lexical weights' dot product over shared token ids, colbert = the MaxSim over the
+  colbert vectors divided by the query's colbert-vector count; the score is `(w_dense * dense + w_sparse *
+  sparse + w_colbert * colbert) / (w_dense + w_sparse + w_colbert)` (its `colbert+sparse+dense`), weights
+  `--weights` (default 1,1,1 as FlagEmbedding's). FlagEmbedding pads a batch's passages with zero colbert
+  vectors, which enter its max (a query token whose best real match is negative scores 0 there); embedcli
+  takes the max over the passage's own vectors, as its per-pair `colbert_score` does.
 
 Neither side is stripped of whitespace (CrossEncoder and vLLM keep it).
 """
@@ -40,7 +48,8 @@ import numpy as np
 
 from embedcli.errors import PoolingConfigError
 
-METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse")
+METHODS: tuple[str, ...] = ("auto", "cross-encoder", "cosine", "maxsim", "sparse", "m3")
+M3_WEIGHTS: tuple[float, float, float] = (1.0, 1.0, 1.0)  # FlagEmbedding's default [dense, sparse, colbert]
 ROLES: tuple[str, ...] = ("query", "document")
 
 
@@ -139,6 +148,21 @@ def sparse_matrix(queries: Sequence[SparseVector], docs: Sequence[SparseVector])
     return out
 
 
+def m3_components(query: dict[str, Any], doc: dict[str, Any]) -> tuple[float, float, float]:
+    """BGE-M3's (dense, sparse, colbert) scores of a query and a document (see the module docstring)."""
+    dense = float(np.dot(np.asarray(query["dense"], np.float32), np.asarray(doc["dense"], np.float32)))
+    sparse = sparse_dot(query["sparse"], doc["sparse"])
+    q_vectors = query["colbert"]
+    colbert = maxsim(q_vectors, doc["colbert"]) / len(q_vectors) if len(q_vectors) else 0.0
+    return dense, sparse, colbert
+
+
+def m3_score(query: dict[str, Any], doc: dict[str, Any], weights: Sequence[float] = M3_WEIGHTS) -> float:
+    """FlagEmbedding's `colbert+sparse+dense`: the weighted mean of BGE-M3's three scores."""
+    parts = m3_components(query, doc)
+    return float(sum(w * p for w, p in zip(weights, parts, strict=True)) / sum(weights))
+
+
 def rank_order(scores: np.ndarray, index: np.ndarray | None = None) -> np.ndarray:
     """Positions sorted by score descending; ties keep input order (a stable sort, as vLLM and CrossEncoder)."""
     scores = np.asarray(scores)
@@ -198,9 +222,11 @@ class PairScorer:
         prompts: dict[str, str] | None = None,
         similarity: str = "cosine",
         pair_format: Callable[[str, str], str] | None = None,
+        weights: Sequence[float] = M3_WEIGHTS,
     ) -> None:
         self.runner = runner
         self.method = method
+        self.weights = tuple(weights)  # m3: [dense, sparse, colbert]
         self.similarity = similarity
         # Cross-encoders whose pair is one templated prompt (LLM rerankers); None: a tokenizer text pair.
         self.pair_format = pair_format
@@ -239,6 +265,8 @@ class PairScorer:
             return similarity_pairs(self.similarity, vectors[:n], vectors[n:])
         if self.method == "sparse":
             return np.asarray([sparse_dot(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
+        if self.method == "m3":
+            return np.asarray([m3_score(result[i], result[n + i], self.weights) for i in range(n)], dtype=np.float32)
         return np.asarray([maxsim(result[i], result[n + i]) for i in range(n)], dtype=np.float32)
 
     # -- queries against documents -----------------------------------------------------------------
@@ -267,4 +295,8 @@ class PairScorer:
             return similarity_matrix(self.similarity, encoded_queries, np.asarray(result))
         if self.method == "sparse":
             return sparse_matrix(encoded_queries, list(result))
+        if self.method == "m3":
+            docs = list(result)
+            return np.asarray([[m3_score(q, d, self.weights) for d in docs] for q in encoded_queries],
+                              dtype=np.float32).reshape(len(encoded_queries), len(docs))
         return maxsim_matrix(encoded_queries, list(result))

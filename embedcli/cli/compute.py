@@ -56,10 +56,12 @@ from embedcli.cli.options import (
     OPT_STRIP,
     OPT_TEXT_COL,
     OPT_TRUNC_SIDE,
+    OPT_WEIGHTS,
     OUTPUT,
     PAIR_NOTE,
     cols,
     env,
+    floats,
     ids,
     inputs_opt,
 )
@@ -95,6 +97,10 @@ def embed(
     precision: Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"] = OPT_EMBED_PRECISION,
     calibration: str | None = OPT_EMBED_CALIBRATION,
     quantize: bool = OPT_EMBED_QUANTIZE,
+    outputs: str = typer.Option(
+        "dense", "--outputs", envvar=env("outputs"), rich_help_panel=OUTPUT,
+        help="BGE-M3 outputs: dense,sparse,colbert", show_default=False,
+    ),
     output_format: str | None = OPT_OUT_FORMAT,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
@@ -104,6 +110,7 @@ def embed(
     from embedcli.run.source import InputOptions
     from embedcli.tasks.common import ModelChoice, OutputOptions
     from embedcli.tasks.embed import EmbedOptions, run_embed
+    from embedcli.tasks.m3_rules import parse_outputs
 
     run(
         lambda: run_embed(
@@ -112,7 +119,7 @@ def embed(
             EmbedOptions(
                 normalize=normalize, max_batch_tokens=max_batch_tokens, strip=strip, dimensions=dimensions,
                 prompt=prompt, prompt_name=prompt_name, long_inputs=long_inputs, truncation_side=truncation_side,
-                precision=precision, calibration=calibration,
+                precision=precision, calibration=calibration, outputs=parse_outputs(outputs),
             ),
             OutputOptions(output, output_format, quiet, stats),
             flags,
@@ -150,7 +157,8 @@ def rerank(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse", "m3"] = OPT_METHOD,
+    weights: str | None = OPT_WEIGHTS,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
@@ -195,7 +203,8 @@ def rerank(
             ),
             RerankOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
-                truncation_side=truncation_side, query=query, queries=queries, query_col=query_col,
+                truncation_side=truncation_side, weights=floats(weights, "--weights"), query=query, queries=queries,
+                query_col=query_col,
                 query_id_col=query_id_col, top_n=top_n, return_documents=return_documents, group_col=group_col,
             ),
             OutputOptions(output, output_format, quiet, stats),
@@ -233,7 +242,8 @@ def score(
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
-    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
+    method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse", "m3"] = OPT_METHOD,
+    weights: str | None = OPT_WEIGHTS,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
@@ -263,6 +273,7 @@ def score(
             ScoreOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, left_col=left_col, right_col=right_col, left=left,
+                weights=floats(weights, "--weights"),
             ),
             OutputOptions(output, output_format, quiet, stats),
             flags,

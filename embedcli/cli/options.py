@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import typer
+
+from embedcli.errors import UsageError
 
 INPUT, MODEL, BATCHING, OUTPUT, PROGRESS = "Input", "Model", "Batching", "Output", "Progress"
 
@@ -134,7 +137,14 @@ OPT_METHOD = typer.Option(
     help="How pairs are scored. auto: cross-encoder for a one-label classifier or an LLM reranker, cosine for "
     "an embedding model, sparse for a SPLADE model, maxsim for a ColBERT model; maxsim: late interaction over "
     "per-token vectors (a ColBERT model's own query and document vectors; any other model's hidden states); "
-    "sparse: the dot product of sparse vectors.",
+    "sparse: the dot product of sparse vectors (a BGE-M3 model: its lexical weights); m3: BGE-M3's "
+    "dense, sparse and colbert scores combined as FlagEmbedding's compute_score (see --weights).",
+)
+OPT_WEIGHTS = typer.Option(
+    None, "--weights", envvar=env("weights"), rich_help_panel=MODEL,
+    help="--method m3: DENSE,SPARSE,COLBERT weights, e.g. 0.4,0.2,0.4; score = (w_d*dense + w_s*sparse + "
+    "w_c*colbert) / (w_d + w_s + w_c), FlagEmbedding's colbert+sparse+dense (default 1,1,1; 1,0,0 is dense "
+    "alone). colbert is the MaxSim divided by the query's token count.",
 )
 OPT_RAW_SCORES = typer.Option(
     False, "--raw-scores", envvar=env("raw-scores"), rich_help_panel=OUTPUT,
@@ -159,11 +169,24 @@ def ids(value: str) -> tuple[int, ...] | None:
     return parsed or None
 
 
+def floats(value: str | None, flag: str) -> tuple[float, ...] | None:
+    """Comma-separated numbers (None when not given); a usage error names `flag` otherwise."""
+    if value is None:
+        return None
+    try:
+        parsed = tuple(float(x) for x in cols(value))
+    except ValueError:
+        raise UsageError(f"{flag} {value!r}: expected comma-separated numbers, e.g. 0.4,0.2,0.4") from None
+    if not parsed or not all(math.isfinite(x) for x in parsed):
+        raise UsageError(f"{flag} {value!r}: expected comma-separated finite numbers, e.g. 0.4,0.2,0.4")
+    return parsed
+
+
 # Options of embed ----------------------------------------------------------------------------------------
 OPT_EMBED_NORMALIZE = typer.Option(
     None, "--normalize/--no-normalize", envvar=env("normalize"), rich_help_panel=OUTPUT,
-    help="L2-normalize vectors (default: as the model says; a sentence-transformers model normalizes only "
-    "if it lists a Normalize module).",
+    help="L2-normalize vectors (default: as the model says; a sentence-transformers model: only with a "
+    "Normalize module).",
     show_default=False,
 )
 OPT_EMBED_DIMENSIONS = typer.Option(

@@ -54,8 +54,9 @@ def info(
             table.add_row(key, Text(str(data.get(key))))
         for key, value in data["choices"].items():
             table.add_row(key, Text(value))
-        for key in ("score_tokens", "score_token_ids", "pair_format", "instruction", "score_formula", "sparse_head"):
-            if data.get(key):  # LLM reranker / SPLADE only
+        for key in ("score_tokens", "score_token_ids", "pair_format", "instruction", "score_formula", "sparse_head",
+                    "m3_outputs"):
+            if data.get(key):  # LLM reranker / SPLADE / BGE-M3 only
                 table.add_row(key, Text(str(data[key])))
         table.add_row("projector", Text(", ".join(f"{d['in_features']}→{d['out_features']}" for d in data["projector"]) or "none"))
         table.add_row("prompts", Text(", ".join(name for name, _ in data["prompts"]) or "none"))

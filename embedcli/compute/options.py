@@ -58,6 +58,7 @@ class RunStats:
     rows: int = 0
     tokens: int = 0
     forwards: int = 0
+    batches: int = 0  # input batches computed (a BGE-M3 run writing several outputs still takes one pass)
     truncated_rows: int = 0
     chunked_rows: int = 0
     sliced_rows: int = 0  # over the token budget on a decoder: chunked prefill in slices
@@ -70,6 +71,7 @@ class RunStats:
             "rows": self.rows,
             "tokens": self.tokens,
             "forwards": self.forwards,
+            "batches": self.batches,
             "truncated_rows": self.truncated_rows,
             "chunked_rows": self.chunked_rows,
             "sliced_rows": self.sliced_rows,

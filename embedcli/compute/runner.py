@@ -55,6 +55,8 @@ class Encoded:
 
 SequenceResult = np.ndarray  # [n, d] for sequence tasks
 TokenResult = list[np.ndarray]  # per-row matrices for token tasks
+SparseResult = list[tuple[np.ndarray, np.ndarray]]  # sparse_embed: (indices int32, values float32) per row
+HybridResult = list[dict[str, Any]]  # BGE-M3 hybrid_embed: {output: value} per row
 
 
 class Runner:
@@ -276,7 +278,7 @@ class Runner:
         self.stats.tokens += int(cu[-1])
         return list(out)
 
-    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult | TokenRows:
+    def run_encoded(self, enc: Encoded) -> SequenceResult | TokenResult | TokenRows | SparseResult | HybridResult:
         """Results for every row of a tokenized batch, in row order."""
         start = time.perf_counter()
         results: list[torch.Tensor | None] = [None] * len(enc.ids)
@@ -297,18 +299,22 @@ class Runner:
             # No tokens (empty text on a tokenizer without special tokens): the zero vector through the head.
             results[i] = pool_empty(self.pooler, self.params_for(enc, i), self.model.spec.pooled_size, self.model.device)
         self.stats.rows += enc.num_rows
+        self.stats.batches += 1
         combined = self._combine(enc, results)
         self.stats.seconds["compute"] += time.perf_counter() - start
         return combined
 
-    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows:
+    def _combine(self, enc: Encoded, results: list[torch.Tensor | None]) -> SequenceResult | TokenResult | TokenRows | SparseResult | HybridResult:
         if self.params.task in ("token_embed", "token_classify"):
             values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]  # no None is left once every pack has run
-            ids = list(enc.ids)
+            # A pooler that leaves out each sequence's first token (BGE-M3's colbert vectors) keeps ids aligned.
+            ids = [i[1:] for i in enc.ids] if self.pooler.drops_first_token() else list(enc.ids)
             if enc.keep is not None:  # late interaction: the model's own rows (its expansion in, its skiplist out)
                 values = [v[k] for v, k in zip(values, enc.keep, strict=True)]
                 ids = [i[k] for i, k in zip(ids, enc.keep, strict=True)]
             return TokenRows(ids, values) if self.options.with_token_ids else values
+        if self.params.task == "hybrid_embed":  # BGE-M3: {output: value} per row, from one forward per pack
+            return [hybrid_numpy(r, ids) for r, ids in zip(results, enc.ids, strict=True)]  # type: ignore[arg-type]  # no None is left once every pack has run
         if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index
             return [(i.cpu().numpy().astype(np.int32), v.float().cpu().numpy()) for i, v in results]  # type: ignore[misc]  # no None is left once every pack has run
         if enc.num_rows == len(results):
@@ -342,7 +348,7 @@ class Runner:
         return mean.astype(np.float32)
 
     # -- streaming ---------------------------------------------------------------------------------
-    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult | TokenRows]:
+    def map(self, batches: Iterable[Sequence[TextInput]]) -> Iterator[SequenceResult | TokenResult | TokenRows | SparseResult | HybridResult]:
         """One result per input batch, in order; the next batch is tokenized while this one computes."""
         source = iter(batches)
         first_row = 0
@@ -371,6 +377,18 @@ class Runner:
             width = self.params.dimensions or self.model.spec.embedding_size
             return np.zeros((0, width), dtype=np.float32)
         return np.concatenate(parts)
+
+
+def hybrid_numpy(row: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+    """One BGE-M3 hybrid result as numpy: dense `[d]`, sparse (indices int32, values float32), colbert `[n - 1, d]`
+    with `colbert_ids`, the token ids of its rows (all but the first)."""
+    out: dict[str, Any] = {"colbert_ids": ids[1:]} if "colbert" in row else {}
+    for name, value in row.items():
+        if name == "sparse":
+            out[name] = (value[0].cpu().numpy().astype(np.int32), value[1].float().cpu().numpy())
+        else:
+            out[name] = value.float().cpu().numpy()
+    return out
 
 
 _DONE = object()

@@ -22,6 +22,7 @@ from embedcli.models.backbones.padded import HIDDEN, SEQUENCE_LOGITS, TOKEN_LOGI
 from embedcli.models.checkpoint.remote_code import check_loadable
 from embedcli.models.checkpoint.weights_file import check_safetensors
 from embedcli.models.kernels.packing import PackInfo
+from embedcli.models.m3_heads import m3_pooler
 from embedcli.models.options import DTYPE_CHOICES, ModelOptions, check_model_flags
 from embedcli.models.precision import (
     cpu_has_native_bf16,
@@ -291,6 +292,9 @@ class LoadedModel:
             if spec.projector:
                 folder = Path(spec.path)
                 projector = nn.Sequential(*(_load_dense(folder, d) for d in spec.projector)).to(torch.float32)
+            if spec.m3_heads:  # BGE-M3: FlagEmbedding's colbert and sparse heads beside the dense vector
+                return m3_pooler(spec, pooler_for_embed(cfg, projector, head_dtype), self.hf_tokenizer,
+                                 self.options.m3_outputs)
             return DispatchPooler(
                 {
                     "embed": pooler_for_embed(cfg, projector, head_dtype),

@@ -32,6 +32,7 @@ class ModelOptions:
     task: str | None = None  # the pooling task `auto` is probed on (default: the head's own task)
     parity_bar: ParityBar | None = None  # `auto`'s bar (default: `ParityBar()`)
     sparse_top_k: int | None = None  # SPLADE: keep each vector's k largest entries (default: the model's)
+    m3_outputs: tuple[str, ...] | None = None  # BGE-M3 hybrid_embed: which of dense, sparse, colbert (default all)
     # `auto`: embedcli's own packed backbone where the model type has one (see models/registry.py), else
     # transformers' modules; `own` refuses a model without one; `transformers` forces the old path
     # (tests, bisection). The EMBEDCLI_BACKBONE environment variable sets the default.

@@ -20,6 +20,7 @@ from embedcli.models.checkpoint.late_interaction import (
     read_pylate,
     read_stanford,
 )
+from embedcli.models.checkpoint.m3 import read_m3
 from embedcli.models.checkpoint.remote_code import check_loadable
 from embedcli.models.checkpoint.resolve import DEFAULT_MODEL, resolve_model_path
 from embedcli.models.checkpoint.st_config import (
@@ -116,6 +117,8 @@ class ModelSpec:
     sparse_pooling: str | None = None
     sparse_activation: str | None = None
     sparse_top_k: int | None = None
+    # BGE-M3 (FlagEmbedding's heads beside the encoder): (colbert head file, sparse head file); () otherwise.
+    m3_heads: tuple[str, ...] = ()
     # The registry's plan (`embedcli.models.registry.plan_backbone`): what runs the model, and why.
     registry_entry: str = ""
     backbone: str = "transformers"  # "module:Class" of the own backbone, or "transformers" (padded batches)
@@ -143,6 +146,8 @@ class ModelSpec:
         """The pooling tasks this model can serve."""
         if self.late_interaction is not None:
             return ("token_embed",)
+        if self.m3_heads:
+            return ("embed", "token_embed", "sparse_embed", "hybrid_embed")
         return HEAD_TASKS.get(self.head, ("embed", "token_embed"))
 
     @property
@@ -201,6 +206,11 @@ class ModelSpec:
                 f"masked-LM logits -> {'log1p(log1p(relu(x)))' if self.sparse_activation == 'log1p_relu' else 'log1p(relu(x))'}"
                 f" -> {self.sparse_pooling} over tokens -> {self.embedding_size}-dim sparse vector"
                 + (f", top {self.sparse_top_k}" if self.sparse_top_k else "")
+            )
+        if self.m3_heads:
+            data["m3_outputs"] = (
+                f"BGE-M3 (FlagEmbedding): dense = normalize(h[CLS]); sparse = relu({self.m3_heads[1]}(h)), max per "
+                f"token id, specials left out; colbert = normalize({self.m3_heads[0]}(h[1:]))"
             )
         return data
 
@@ -445,6 +455,9 @@ def _family(
     if mods.logit_score is not None or (reranker is not None and reranker.given):
         fields = read_reranker(folder, base.architecture, mods.logit_score, reranker or RerankerFlags())
         return "lm_score", {**fields, "num_labels": 1, "id2label": (fields["score_tokens"][-1],)}
+    m3 = read_m3(folder, base.architecture, mods.pooling.modes)
+    if m3 is not None:
+        return base.head, m3
     return base.head, {}
 
 
@@ -571,7 +584,8 @@ def load_model_spec(
             ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector if d.path),
              *(("artifact.metadata", ST_CONFIG) if late is not None else ()),
              # An LLM reranker's prompt can come from these files (chat template and its kwargs).
-             *(("chat_template.jinja", "tokenizer_config.json", "sentence_bert_config.json") if head == "lm_score" else ())],
+             *(("chat_template.jinja", "tokenizer_config.json", "sentence_bert_config.json") if head == "lm_score" else ()),
+             *family.get("m3_heads", ())],
         ),
     )
     return replace(spec, **family)

@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from embedcli.errors import PoolingConfigError as PoolingConfigError
 
-PoolingTask = Literal["embed", "classify", "token_embed", "token_classify", "sparse_embed"]
+PoolingTask = Literal["embed", "classify", "token_embed", "token_classify", "sparse_embed", "hybrid_embed"]
 POOLING_TASKS: tuple[PoolingTask, ...] = get_args(PoolingTask)
 
 SeqPoolingType = Literal["CLS", "LAST", "MEAN", "MAX", "MEAN_SQRT_LEN", "WEIGHTEDMEAN"]
@@ -29,6 +29,9 @@ _VALID_PARAMS: dict[str, tuple[str, ...]] = {
     "token_classify": ("use_activation",),
     # SPLADE (vLLM serves it as `embed` of a vocab-sized vector); here a task of its own with sparse output.
     "sparse_embed": (),
+    # BGE-M3: several of dense / sparse / colbert from one forward (vLLM's BgeM3 pooler serves them as
+    # `embed&token_classify`); the outputs are fixed by the model, so no request parameter applies.
+    "hybrid_embed": (),
 }
 _STEP_PARAMS = ("step_tag_id", "returned_token_ids")
 

@@ -45,6 +45,10 @@ class Pooler(nn.Module):
         """Whether `pool_slices` can pool sequences split over the slices of a chunked prefill."""
         return False
 
+    def drops_first_token(self) -> bool:
+        """Whether a token task's rows leave out each sequence's first token (BGE-M3's colbert vectors)."""
+        return False
+
     def forward(self, hidden_states: torch.Tensor, metadata: PoolingMetadata) -> PoolerOutput:
         raise NotImplementedError
 

@@ -116,6 +116,7 @@ class RunReport:
             "resumed_rows": self.resumed_records,
             "tokens": stats.tokens,
             "forwards": stats.forwards,
+            "batches": getattr(stats, "batches", 0),
             "truncated_rows": stats.truncated_rows,
             "chunked_rows": stats.chunked_rows,
             "sliced_rows": getattr(stats, "sliced_rows", 0),

@@ -20,6 +20,7 @@ from embedcli.io.manifest import (
     output_metadata,
 )
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
+from embedcli.models.spec import ModelSpec
 from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
@@ -29,6 +30,8 @@ from embedcli.run.source import BatchSource, InputOptions, check_head, empty_bat
 from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
+from embedcli.tasks.m3 import HybridCodec, HybridRequest, check_hybrid, hybrid_recipe, output_format
+from embedcli.tasks.m3_rules import m3_extra
 
 SPOOL_SUFFIX = ".embedcli-float32.parquet"
 
@@ -47,6 +50,8 @@ class EmbedOptions:
     truncation_side: str = "right"
     precision: str = "float32"
     calibration: str | None = None
+    # BGE-M3: any of dense, sparse, colbert as columns of one output, from one forward per pack.
+    outputs: tuple[str, ...] = ("dense",)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ def run_embed(
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
+    if embed.outputs != ("dense",):
+        return run_hybrid(inputs, choice, embed, output, flags, spec)
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,
         strip=embed.strip, dimensions=embed.dimensions, prompt=embed.prompt, prompt_name=embed.prompt_name,
@@ -114,6 +121,22 @@ def run_embed(
     if quant.ranges is not None and quant.ranges.shape[1] != width:
         raise UsageError(f"--calibration {embed.calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
     return run_quantized(job, quant)
+
+
+def run_hybrid(
+    inputs: InputOptions, choice: ModelChoice, embed: EmbedOptions, output: OutputOptions, flags: RunFlags, spec: ModelSpec
+) -> int:
+    """`embed --outputs ...` on a BGE-M3 model: the asked outputs as columns of one output, one pass over the rows."""
+    request = HybridRequest(
+        embed.outputs, max_batch_tokens=embed.max_batch_tokens, strip=embed.strip, prompt=embed.prompt,
+        prompt_name=embed.prompt_name, long_inputs=embed.long_inputs, truncation_side=embed.truncation_side,
+    )
+    check_hybrid(spec, request, precision=embed.precision, dimensions=embed.dimensions, normalize=embed.normalize,
+                 calibration=embed.calibration, fmt=output_format(output.path, output.fmt))
+    recipe = hybrid_recipe(spec, choice, request)
+    engine, meta, _ = planned_engine(recipe, flags, {"outputs": list(embed.outputs), **m3_extra(spec)})
+    codec = HybridCodec(embed.outputs, spec.embedding_size, spec.hidden_size, tuple(inputs.keep_cols))
+    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
 
 
 def run_quantized(job: Job, quant: Quantizer) -> int:

@@ -39,7 +39,7 @@ from embedcli.run.source import (
 )
 from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput, check_whole
-from embedcli.scoring import METHODS, PairScorer, TopN, pair_prompts
+from embedcli.scoring import M3_WEIGHTS, METHODS, PairScorer, TopN, pair_prompts
 from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
@@ -54,7 +54,8 @@ from embedcli.tasks.common import (
 if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
     from embedcli.compute.runner import Runner
 
-PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed", "sparse": "sparse_embed"}
+PAIR_TASK = {"cross-encoder": "classify", "cosine": "embed", "maxsim": "token_embed", "sparse": "sparse_embed",
+             "m3": "hybrid_embed"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class PairOptions:
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
     truncation_side: str = "right"
+    weights: tuple[float, ...] | None = None  # --method m3: [dense, sparse, colbert] (default FlagEmbedding's 1,1,1)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,13 @@ def resolve_method(spec: ModelSpec, method: str, command: str) -> str:
     if method not in METHODS:
         raise UsageError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
     late = spec.late_interaction is not None
+    if method == "m3":
+        if spec.m3_heads:
+            return method
+        raise UsageError(f"{command}: --method m3 combines BGE-M3's dense, sparse and colbert scores; model "
+                         f"{spec.name!r} has no colbert_linear.pt / sparse_linear.pt; {can_do(spec)}")
+    if method == "sparse" and spec.m3_heads:
+        return method  # BGE-M3's lexical weights
     if method == "auto":
         if late:
             return "maxsim"
@@ -143,6 +152,8 @@ def pair_recipe(spec: ModelSpec, choice: ModelChoice, opts: PairOptions, method:
     if method == "cross-encoder":
         mean, sigma = calibration(spec)
         extra = {"logit_mean": mean, "logit_sigma": sigma, "activation": "none" if opts.raw_scores else None}
+    if spec.m3_heads:  # `--dtype auto` is probed on the dense vector, as for `embed`
+        extra["task"] = "embed"
     options = RunnerOptions(
         task=PAIR_TASK[method], max_batch_tokens=opts.max_batch_tokens,
         long_inputs=opts.long_inputs, truncation_side=opts.truncation_side,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
@@ -162,7 +173,20 @@ def make_scorer(runner: Runner, method: str, opts: PairOptions) -> PairScorer:
     spec = runner.model.spec
     # An LLM reranker's pair is one prompt (template or chat template), its document cut to keep the suffix.
     pair_format = pair_formatter(runner.model, runner.max_length, truncate=opts.long_inputs == "truncate")
-    return PairScorer(runner, method, dict(spec.prompts), similarity_of(spec, opts), pair_format)
+    return PairScorer(runner, method, dict(spec.prompts), similarity_of(spec, opts), pair_format,
+                      opts.weights or M3_WEIGHTS)
+
+
+def check_weights(opts: PairOptions, method: str) -> dict[str, Any]:
+    """`--weights` checked against the method (m3 only, three numbers, a non-zero sum); the provenance it adds."""
+    if opts.weights is None:
+        return {"weights": list(M3_WEIGHTS)} if method == "m3" else {}
+    if method != "m3":
+        raise UsageError(f"--weights combine BGE-M3's dense, sparse and colbert scores: pass --method m3 (not {method})")
+    if len(opts.weights) != 3 or sum(opts.weights) == 0:
+        raise UsageError(f"--weights {','.join(map(str, opts.weights))}: three numbers DENSE,SPARSE,COLBERT with a "
+                         "non-zero sum, e.g. 0.4,0.2,0.4")
+    return {"weights": list(opts.weights)}
 
 
 def pair_scorer(choice: ModelChoice, opts: PairOptions, command: str) -> tuple[Runner, PairScorer]:
@@ -231,6 +255,7 @@ def run_score(
     check_target(output.path, flags, inputs.paths, output.stats_file)
     spec = load_spec(choice)
     method = resolve_method(spec, opts.method, "score")
+    weights = check_weights(opts, method)
     recipe = pair_recipe(spec, choice, opts, method)
     if opts.left is not None:
         source = BatchSource(replace(inputs, text_col=opts.right_col))
@@ -245,7 +270,7 @@ def run_score(
         recipe, flags,
         {"method": method, "raw_scores": opts.raw_scores, "left": opts.left, "query_prompt": query_prompt,
          "document_prompt": doc_prompt, "logit_mean": model_options.logit_mean,
-         "logit_sigma": model_options.logit_sigma},
+         "logit_sigma": model_options.logit_sigma, **weights},
         loaded=lambda runner: codec.load(runner, method),
     )
     return run_job(make_job(source, engine, codec, meta, output, flags))
@@ -404,13 +429,14 @@ def run_rerank(
     docs.empty()  # refuses a kept column that would shadow a result column, before any work
     spec = load_spec(choice)
     method = resolve_method(spec, opts.method, "rerank")
+    weights = check_weights(opts, method)
     query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
     built: list[Runner] = []
     engine, meta, _ = planned_engine(
         pair_recipe(spec, choice, opts, method), flags,
         {"command": "rerank", "method": method, "raw_scores": opts.raw_scores, "top_n": opts.top_n,
          "query_prompt": query_prompt,
-         "document_prompt": doc_prompt, "group_col": opts.group_col},
+         "document_prompt": doc_prompt, "group_col": opts.group_col, **weights},
         loaded=built.append,
     )
     options = {**BatchSource(inputs).options(), "query": opts.query, "query_col": opts.query_col,

@@ -35,6 +35,7 @@ from embedcli.tasks.common import (
     planned_engine,
     runner_recipe,
 )
+from embedcli.tasks.m3_rules import check_m3_sparse, m3_extra
 from embedcli.tasks.tokens import list_column
 
 if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
@@ -127,6 +128,7 @@ def run_sparse_embed(
     _check(opts, output)
     spec = load_spec(choice)
     require_task(spec, "sparse_embed", "sparse-embed")
+    check_m3_sparse(spec, opts.top_k)
     recipe = runner_recipe(
         spec, choice,
         RunnerOptions(
@@ -142,7 +144,7 @@ def run_sparse_embed(
     engine, meta, _ = planned_engine(
         recipe, flags,
         {"sparse_pooling": spec.sparse_pooling, "sparse_activation": spec.sparse_activation,
-         "sparse_top_k": top_k, "with_tokens": opts.with_tokens, "vocab_size": spec.embedding_size},
+         "sparse_top_k": top_k, "with_tokens": opts.with_tokens, "vocab_size": spec.embedding_size, **m3_extra(spec)},
         loaded=codec.load,
     )
     return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))

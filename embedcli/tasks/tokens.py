@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from embedcli.tasks.common import (
     planned_engine,
     runner_recipe,
 )
+from embedcli.tasks.m3_rules import check_m3_token_embed, m3_extra
 
 if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
     import torch
@@ -252,7 +253,8 @@ def token_recipe(task: str, command: str, spec: ModelSpec, choice: ModelChoice, 
     # must select *label* columns, as in vLLM where a reward model's forward already ends in its score head:
     # here the classifier is part of the head, so the columns are selected after it (`LabelColumns`) and
     # the activation runs on the kept columns only.
-    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id, "task": task}
+    # BGE-M3: `--dtype auto` is probed on the dense vector, as for `embed`.
+    extra: dict[str, Any] = {"step_tag_id": opts.step_tag_id, "task": "embed" if spec.m3_heads else task}
     if task == "token_classify":
         mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
         act = "none" if opts.returned_token_ids else activation(opts.activation)
@@ -274,13 +276,16 @@ def run_token_embed(
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
     spec = load_spec(choice)
+    check_m3_token_embed(spec, opts.dimensions, opts.normalize, opts.step_tag_id)
+    if spec.m3_heads:  # FlagEmbedding's colbert vectors keep the final </s> (only <s> is left out)
+        opts = replace(opts, keep_special=True)
     recipe = token_recipe("token_embed", "token-embed", spec, choice, opts)
     role = recipe.runner_options.role
     codec = TokenEmbedCodec(
         opts, recipe.runner_options.dimensions or spec.embedding_size, tuple(inputs.keep_cols), late=role is not None
     )
     extra: dict[str, Any] = {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
-                             "returned_token_ids": opts.returned_token_ids}
+                             "returned_token_ids": opts.returned_token_ids, **m3_extra(spec)}
     if role is not None:
         extra["role"] = role  # query and document vectors of one model are different outputs
     # The model loads once the output's state says there is work (unless only loading can settle the dtype).

@@ -24,7 +24,7 @@ TOKEN_TASKS = ["token_embed", "token_classify"]
 
 
 def test_pooling_tasks() -> None:
-    assert set(POOLING_TASKS) == {"embed", "classify", "token_embed", "token_classify", "sparse_embed"}
+    assert set(POOLING_TASKS) == {"embed", "classify", "token_embed", "token_classify", "sparse_embed", "hybrid_embed"}
 
 
 @pytest.mark.parametrize("task", list(POOLING_TASKS))

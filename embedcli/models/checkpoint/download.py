@@ -1,7 +1,7 @@
 """Fetch a model from the Hugging Face Hub into the standard cache (`huggingface_hub`), safetensors only.
 
 Only what embedcli runs is fetched: configs, tokenizer files and safetensors weights. Pickle weights
-(`*.bin`, `*.pt`, ...) are skipped; with `allow_pickle` they are fetched only in folders that have no
+(`*.bin`, `*.pt`, ...) are skipped (but BGE-M3's two head files, read tensors-only); with `allow_pickle` they are fetched only in folders that have no
 safetensors (a repo usually ships both). ONNX, OpenVINO, TF, Flax and other runtimes' files are never fetched.
 The cache lookup (`cached_snapshot`) asks for the same files, so a snapshot fetched here is found offline.
 Progress goes to stderr (huggingface_hub's bars; `HF_HUB_DISABLE_PROGRESS_BARS=1` silences them).
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from embedcli.errors import ModelConfigError, ModelNotFoundError
+from embedcli.models.checkpoint.m3 import M3_HEAD_FILES
 
 UNUSED_PATTERNS: tuple[str, ...] = (
     "*.onnx", "*.onnx_data", "onnx/*", "openvino/*", "*.msgpack", "*.h5", "*.ot", "*.tflite", "*.gguf",
@@ -55,6 +56,9 @@ def select_files(paths: list[str], allow_pickle: bool = False) -> list[str]:
     with_safetensors = {posixpath.dirname(p) for p in useful if p.endswith(".safetensors")}
     chosen = []
     for p in useful:
+        if p in M3_HEAD_FILES:  # BGE-M3's heads: read with torch.load(weights_only=True), never the full unpickler
+            chosen.append(p)
+            continue
         if _matches(p, PICKLE_PATTERNS) and (not allow_pickle or posixpath.dirname(p) in with_safetensors):
             continue
         chosen.append(p)

@@ -15,7 +15,7 @@ from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template
 # Fields of these heads; left out of the config hash while unset, so every other model keeps its hash.
 FAMILY_FIELDS = (
     "score_tokens", "score_token_ids", "pair_template", "instruction", "pair_chat_template", "sparse_pooling",
-    "sparse_activation", "sparse_top_k", "late_interaction",
+    "sparse_activation", "sparse_top_k", "late_interaction", "m3_heads",
 )
 
 
