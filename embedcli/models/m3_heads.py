@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 from embedcli.errors import ModelConfigError
 from embedcli.models.checkpoint.weights_file import check_safetensors
 from embedcli.models.spec import ModelSpec
 from embedcli.pooling import DispatchPooler, Pooler
 from embedcli.pooling.m3 import M3ColbertPooler, M3HybridPooler, M3SparsePooler
+from embedcli.pooling.token_projection import TokenProjection
 
 
 def _state_dict(path: Path) -> dict[str, Any]:
@@ -34,8 +34,9 @@ def _state_dict(path: Path) -> dict[str, Any]:
     return dict(state)
 
 
-def load_m3_linear(path: Path, in_features: int, out_features: int) -> nn.Linear:
-    """The float32 `Linear(in_features, out_features)` saved in `path` (FlagEmbedding's `module.` prefix allowed)."""
+def load_m3_linear(path: Path, in_features: int, out_features: int) -> TokenProjection:
+    """The float32 token projection `Linear(in_features, out_features)` saved in `path` (FlagEmbedding's
+    `module.` prefix allowed): the one head type of per-token projections, as ColBERT's."""
     state = {k.removeprefix("module."): v for k, v in _state_dict(path).items()}
     weight, bias = state.get("weight"), state.get("bias")
     if not isinstance(weight, torch.Tensor) or not isinstance(bias, torch.Tensor):
@@ -45,11 +46,7 @@ def load_m3_linear(path: Path, in_features: int, out_features: int) -> nn.Linear
             f"{path}: weight {tuple(weight.shape)} / bias {tuple(bias.shape)}; embedcli reads BGE-M3's head as "
             f"Linear({in_features} -> {out_features}) on the model's hidden size"
         )
-    linear = nn.Linear(in_features, out_features)
-    with torch.no_grad():
-        linear.weight.copy_(weight.float())
-        linear.bias.copy_(bias.float())
-    return linear.requires_grad_(False)
+    return TokenProjection(weight, bias)
 
 
 def m3_skip_ids(tokenizer: Any) -> tuple[int, ...]:
