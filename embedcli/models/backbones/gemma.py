@@ -30,6 +30,7 @@ from embedcli.models.backbones.layers import (
     copy_norm,
 )
 from embedcli.models.backbones.llama import rope_inv_freq, rotate
+from embedcli.models.kernels import cpu_attention
 from embedcli.models.kernels.gemm import linear
 from embedcli.models.kernels.kv_cache import QUERY_BLOCK, PrefixSlice
 from embedcli.models.kernels.packing import PackInfo, Window, packed_attention
@@ -159,6 +160,8 @@ class GemmaAttention(nn.Module):
             return packed_eager_attention(
                 q, k, v, pack, causal=self.causal, window=self.window, scale=self.scale, softcap=self.softcap
             )
+        if cpu_attention.applies(q):
+            return cpu_attention.sequence_attention(q, k, v, pack, scale=self.scale, causal=self.causal, window=self.window)
         # No cap: SDPA (flash-attn on CUDA) with the window folded into the mask.
         return packed_attention(q, k, v, pack, causal=self.causal, scale=self.scale, window=self.window)
 
