@@ -31,7 +31,7 @@ from embedcli.models.backbones.layers import (
 )
 from embedcli.models.backbones.llama import rope_inv_freq
 from embedcli.models.kernels import cpu_attention
-from embedcli.models.kernels.gemm import linear
+from embedcli.models.kernels.gemm import gated_linear, linear
 from embedcli.models.kernels.kv_cache import QUERY_BLOCK, PrefixSlice
 from embedcli.models.kernels.packing import PackInfo, Window, packed_attention
 
@@ -257,8 +257,7 @@ class GemmaLayer(nn.Module):
     ) -> torch.Tensor:
         h = self.attn(self.input_norm(x), cos, sin, pack, prefix)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
-        gate, up = linear(self.gate_up, self.pre_ff_norm(x)).chunk(2, dim=-1)
-        h = linear(self.down, self.act(gate) * up)
+        h = linear(self.down, gated_linear(self.gate_up, self.pre_ff_norm(x), self.act))
         return x + (h if self.post_ff_norm is None else self.post_ff_norm(h))
 
 
