@@ -26,10 +26,8 @@ from embedcli.models.backbones.layers import (
     UnsupportedCheckpoint,
     Weights,
     activation,
-    copy_linear,
-    copy_norm,
 )
-from embedcli.models.backbones.llama import rope_inv_freq
+from embedcli.models.backbones.llama import load_decoder, rope_inv_freq
 from embedcli.models.kernels import cpu_attention
 from embedcli.models.kernels.gemm import gated_linear, linear
 from embedcli.models.kernels.kv_cache import QUERY_BLOCK, PrefixSlice
@@ -252,6 +250,16 @@ class GemmaLayer(nn.Module):
         self.post_ff_norm = GemmaRMSNorm(hidden, eps) if sandwich else None
         self.act = activation(act)
 
+    def norm_names(self) -> list[tuple[nn.Module, str]]:
+        """The layer's norms and their checkpoint names under `layers.<i>.`."""
+        if self.post_attn_norm is None or self.post_ff_norm is None:
+            # Gemma (v1): the norm after attention is the MLP's input norm (Llama's layout)
+            return [(self.input_norm, "input_layernorm"), (self.pre_ff_norm, "post_attention_layernorm")]
+        return [
+            (self.input_norm, "input_layernorm"), (self.post_attn_norm, "post_attention_layernorm"),
+            (self.pre_ff_norm, "pre_feedforward_layernorm"), (self.post_ff_norm, "post_feedforward_layernorm"),
+        ]
+
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice | None
     ) -> torch.Tensor:
@@ -361,27 +369,8 @@ class GemmaModel(nn.Module):
     # -- weights -------------------------------------------------------------------------------------
     def load(self, state: dict[str, torch.Tensor]) -> Weights:
         """Copy the checkpoint's tensors in (fusing q/k/v and gate/up)."""
-        weights = Weights(state, self.prefixes, "embed_tokens.weight")
-        self.embed_tokens.weight.data.copy_(weights["embed_tokens.weight"])
-        for i, layer in enumerate(cast("list[GemmaLayer]", self.layers)):
-            p = f"layers.{i}."
-            attn = layer.attn
-            copy_linear(attn.qkv, weights, f"{p}self_attn.q_proj", f"{p}self_attn.k_proj", f"{p}self_attn.v_proj")
-            copy_linear(attn.o_proj, weights, f"{p}self_attn.o_proj")
-            if attn.q_norm is not None and attn.k_norm is not None:
-                copy_norm(attn.q_norm, weights, f"{p}self_attn.q_norm")
-                copy_norm(attn.k_norm, weights, f"{p}self_attn.k_norm")
-            copy_norm(layer.input_norm, weights, f"{p}input_layernorm")
-            if layer.post_attn_norm is not None and layer.post_ff_norm is not None:
-                copy_norm(layer.post_attn_norm, weights, f"{p}post_attention_layernorm")
-                copy_norm(layer.pre_ff_norm, weights, f"{p}pre_feedforward_layernorm")
-                copy_norm(layer.post_ff_norm, weights, f"{p}post_feedforward_layernorm")
-            else:  # Gemma (v1): the norm after attention is the MLP's input norm (Llama's layout)
-                copy_norm(layer.pre_ff_norm, weights, f"{p}post_attention_layernorm")
-            copy_linear(layer.gate_up, weights, f"{p}mlp.gate_proj", f"{p}mlp.up_proj")
-            copy_linear(layer.down, weights, f"{p}mlp.down_proj")
-        copy_norm(self.norm, weights, "norm")
-        return weights
+        layers = cast("list[GemmaLayer]", self.layers)
+        return load_decoder(state, self.prefixes, self.embed_tokens, layers, self.norm)
 
     def lm_head_weight(self, weights: Weights) -> torch.Tensor:
         """The LM head's `[vocab, hidden]` weight: the embeddings when tied (Gemma's default), else `lm_head`."""
