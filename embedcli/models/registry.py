@@ -321,6 +321,7 @@ GEMMA2_KEYS = (
 )
 GEMMA1_KEYS = (
     *GEMMA_KEYS,
+    ConfigKey("hidden_act", "gelu", _activation, "the MLP activation (Gemma v1 reads hidden_act; gelu is the tanh form)"),
     *(ConfigKey(k, None, falsy, "not in Gemma v1")
       for k in ("use_bidirectional_attention", "attn_logit_softcapping", "final_logit_softcapping", "layer_types")),
     ConfigKey("rope_parameters", None, _flat_rope, "RoPE kind"),

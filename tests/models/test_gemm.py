@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedcli.models.kernels import gemm
-from embedcli.models.kernels.gemm import gelu_tanh, linear
+from embedcli.models.kernels.gemm import gated_linear, gelu_tanh, linear
 
 pytestmark = pytest.mark.skipif(not gemm.onednn_available(), reason="torch built without oneDNN")
 
@@ -87,3 +87,30 @@ def test_other_inputs_take_the_module_call(case: str) -> None:
     got = linear(module, x, F.gelu)
     assert "_embedcli_packed" not in module.__dict__
     torch.testing.assert_close(got, F.gelu(module(x)))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    "act, ref_act",
+    [(gelu_tanh, _tanh_gelu64), (F.gelu, _erf_gelu64), (F.relu, lambda x: x.clamp_min(0)), (F.silu, F.silu)],
+)
+def test_gated_linear_matches_float64(rows: int, bias: bool, act, ref_act) -> None:  # type: ignore[no-untyped-def]
+    """`act(gate) * up` of a fused `[gate; up]` Linear: oneDNN post-ops where it fuses `act`, the plain call else."""
+    layer = _layer(64, 2 * 48, bias)
+    x = torch.randn(rows, 64)
+    gate, up = _ref(layer, x).chunk(2, dim=-1)
+    got = gated_linear(layer, x, act)
+    assert got.dtype == torch.float32 and got.shape == (rows, 48)
+    torch.testing.assert_close(got.double(), ref_act(gate) * up, atol=2e-5, rtol=1e-5)
+
+
+def test_gated_linear_under_autocast_and_grad_is_the_chunked_product() -> None:
+    layer = _layer(64, 96)
+    x = torch.randn(20, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gate, up = linear(layer, x).chunk(2, dim=-1)
+        torch.testing.assert_close(gated_linear(layer, x, gelu_tanh), gelu_tanh(gate) * up, atol=0, rtol=0)
+    layer.requires_grad_(True)
+    gate, up = layer(x).chunk(2, dim=-1)
+    torch.testing.assert_close(gated_linear(layer, x, gelu_tanh), gelu_tanh(gate) * up, atol=0, rtol=0)

@@ -27,11 +27,10 @@ from embedcli.models.backbones.layers import (
     Weights,
     activation,
     check_registry,
-    copy_linear,
-    copy_norm,
 )
-from embedcli.models.backbones.llama import rope_inv_freq, rotate
-from embedcli.models.kernels.gemm import linear
+from embedcli.models.backbones.llama import load_decoder, rope_inv_freq
+from embedcli.models.kernels import cpu_attention
+from embedcli.models.kernels.gemm import gated_linear, linear
 from embedcli.models.kernels.kv_cache import QUERY_BLOCK, PrefixSlice
 from embedcli.models.kernels.packing import PackInfo, Window, packed_attention
 
@@ -55,9 +54,20 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).type_as(x)
+        # `x * rsqrt(mean(x^2) + eps) * (1 + w)` bit for bit (torch's rms_norm does those same steps), in one
+        # call where the ops written out take ~2.4x the time on `[2048, 768]`.
+        return F.rms_norm(x.float(), (x.shape[-1],), 1.0 + self.weight.float(), self.eps).type_as(x)
+
+
+def rotate_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`llama.rotate(x, cos, sin)` bit for bit, given `signed_sin` = sin with its first half negated.
+
+    `cat(-x2, x1) * sin` equals `cat(x2, x1) * signed_sin` exactly; in place after one copy, ~3.5x faster
+    than the ops `rotate` writes out on `[2048, 4, 256]`.
+    """
+    half = x.shape[-1] // 2
+    out = x * cos
+    return out.add_(torch.cat((x[..., half:], x[..., :half]), dim=-1).mul_(signed_sin))
 
 
 def allowed(queries: torch.Tensor, keys: torch.Tensor, causal: bool, window: Window | None) -> torch.Tensor | None:
@@ -160,6 +170,8 @@ class GemmaAttention(nn.Module):
             return packed_eager_attention(
                 q, k, v, pack, causal=self.causal, window=self.window, scale=self.scale, softcap=self.softcap
             )
+        if cpu_attention.applies(q):
+            return cpu_attention.sequence_attention(q, k, v, pack, scale=self.scale, causal=self.causal, window=self.window)
         # No cap: SDPA (flash-attn on CUDA) with the window folded into the mask.
         return packed_attention(q, k, v, pack, causal=self.causal, scale=self.scale, window=self.window)
 
@@ -195,11 +207,19 @@ class GemmaAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice | None
     ) -> torch.Tensor:
         total, d = x.shape[0], self.head_dim
-        q, k, v = linear(self.qkv, x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q, k, v = q.view(total, self.heads, d), k.view(total, self.kv_heads, d), v.view(total, self.kv_heads, d)
+        qkv = linear(self.qkv, x)
+        # Queries and keys are neighbours in each row: normed and rotated as one `[total, heads + kv_heads, d]`.
+        qk = qkv[:, : (self.heads + self.kv_heads) * d].view(total, self.heads + self.kv_heads, d)
+        v = qkv[:, (self.heads + self.kv_heads) * d :].view(total, self.kv_heads, d)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            # Per head, as q_norm(q) and k_norm(k) compute it: rms_norm, then times each head's `1 + w`.
+            scale = torch.cat((
+                (1.0 + self.q_norm.weight.float()).expand(self.heads, d),
+                (1.0 + self.k_norm.weight.float()).expand(self.kv_heads, d),
+            ))
+            qk = (F.rms_norm(qk.float(), (d,), None, self.q_norm.eps) * scale).type_as(qk)
+        qk = rotate_signed(qk, cos, sin)
+        q, k = qk[:, : self.heads], qk[:, self.heads :]
         if prefix is None:
             assert pack is not None
             out = self.attend(q, k, v, pack)
@@ -231,13 +251,22 @@ class GemmaLayer(nn.Module):
         self.post_ff_norm = GemmaRMSNorm(hidden, eps) if sandwich else None
         self.act = activation(act)
 
+    def norm_names(self) -> list[tuple[nn.Module, str]]:
+        """The layer's norms and their checkpoint names under `layers.<i>.`."""
+        if self.post_attn_norm is None or self.post_ff_norm is None:
+            # Gemma (v1): the norm after attention is the MLP's input norm (Llama's layout)
+            return [(self.input_norm, "input_layernorm"), (self.pre_ff_norm, "post_attention_layernorm")]
+        return [
+            (self.input_norm, "input_layernorm"), (self.post_attn_norm, "post_attention_layernorm"),
+            (self.pre_ff_norm, "pre_feedforward_layernorm"), (self.post_ff_norm, "post_feedforward_layernorm"),
+        ]
+
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice | None
     ) -> torch.Tensor:
         h = self.attn(self.input_norm(x), cos, sin, pack, prefix)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
-        gate, up = linear(self.gate_up, self.pre_ff_norm(x)).chunk(2, dim=-1)
-        h = linear(self.down, self.act(gate) * up)
+        h = linear(self.down, gated_linear(self.gate_up, self.pre_ff_norm(x), self.act))
         return x + (h if self.post_ff_norm is None else self.post_ff_norm(h))
 
 
@@ -342,27 +371,8 @@ class GemmaModel(nn.Module):
     # -- weights -------------------------------------------------------------------------------------
     def load(self, state: dict[str, torch.Tensor]) -> Weights:
         """Copy the checkpoint's tensors in (fusing q/k/v and gate/up)."""
-        weights = Weights(state, self.prefixes, "embed_tokens.weight")
-        self.embed_tokens.weight.data.copy_(weights["embed_tokens.weight"])
-        for i, layer in enumerate(cast("list[GemmaLayer]", self.layers)):
-            p = f"layers.{i}."
-            attn = layer.attn
-            copy_linear(attn.qkv, weights, f"{p}self_attn.q_proj", f"{p}self_attn.k_proj", f"{p}self_attn.v_proj")
-            copy_linear(attn.o_proj, weights, f"{p}self_attn.o_proj")
-            if attn.q_norm is not None and attn.k_norm is not None:
-                copy_norm(attn.q_norm, weights, f"{p}self_attn.q_norm")
-                copy_norm(attn.k_norm, weights, f"{p}self_attn.k_norm")
-            copy_norm(layer.input_norm, weights, f"{p}input_layernorm")
-            if layer.post_attn_norm is not None and layer.post_ff_norm is not None:
-                copy_norm(layer.post_attn_norm, weights, f"{p}post_attention_layernorm")
-                copy_norm(layer.pre_ff_norm, weights, f"{p}pre_feedforward_layernorm")
-                copy_norm(layer.post_ff_norm, weights, f"{p}post_feedforward_layernorm")
-            else:  # Gemma (v1): the norm after attention is the MLP's input norm (Llama's layout)
-                copy_norm(layer.pre_ff_norm, weights, f"{p}post_attention_layernorm")
-            copy_linear(layer.gate_up, weights, f"{p}mlp.gate_proj", f"{p}mlp.up_proj")
-            copy_linear(layer.down, weights, f"{p}mlp.down_proj")
-        copy_norm(self.norm, weights, "norm")
-        return weights
+        layers = cast("list[GemmaLayer]", self.layers)
+        return load_decoder(state, self.prefixes, self.embed_tokens, layers, self.norm)
 
     def lm_head_weight(self, weights: Weights) -> torch.Tensor:
         """The LM head's `[vocab, hidden]` weight: the embeddings when tied (Gemma's default), else `lm_head`."""
@@ -375,7 +385,8 @@ class GemmaModel(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------------
     def rope(self, layer_type: str, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[total, 1, head_dim]` cos and sin of a layer type at `positions` (float32 math, then `dtype`)."""
+        """`[total, 1, head_dim]` cos and signed sin (`rotate_signed`) of a layer type at `positions` (float32
+        math, then `dtype`)."""
         inv_freq = self._inv_freq.get(layer_type)
         if inv_freq is None or inv_freq.device != positions.device:
             params = self.rope_parameters(self.config, layer_type)
@@ -383,7 +394,10 @@ class GemmaModel(nn.Module):
             self._inv_freq[layer_type] = inv_freq
         freqs = positions[:, None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+        sin = emb.sin().to(dtype)
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # `rotate_signed`'s table
+        return emb.cos().to(dtype)[:, None], signed[:, None]
 
     def forward(
         self,

@@ -9,7 +9,8 @@ to each sequence. A forward may end with one slice of a long sequence attending 
 from __future__ import annotations
 
 import math
-from typing import ClassVar, cast
+from collections.abc import Sequence
+from typing import ClassVar, Protocol, cast
 
 import torch
 from torch import nn
@@ -131,12 +132,62 @@ class DecoderLayer(nn.Module):
         self.down = nn.Linear(inter, hidden, bias=mlp_bias)
         self.act = activation(config.get("hidden_act", "silu"))
 
+    def norm_names(self) -> list[tuple[nn.Module, str]]:
+        """The layer's norms and their checkpoint names under `layers.<i>.`."""
+        return [(self.input_norm, "input_layernorm"), (self.post_attn_norm, "post_attention_layernorm")]
+
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pack: PackInfo | None, prefix: PrefixSlice | None
     ) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin, pack, prefix)
         gate, up = linear(self.gate_up, self.post_attn_norm(x)).chunk(2, dim=-1)
         return x + linear(self.down, self.act(gate) * up)
+
+
+class _AttentionWeights(Protocol):
+    @property
+    def qkv(self) -> nn.Linear: ...
+    @property
+    def o_proj(self) -> nn.Linear: ...
+    @property
+    def q_norm(self) -> nn.Module | None: ...
+    @property
+    def k_norm(self) -> nn.Module | None: ...
+
+
+class DecoderLayerWeights(Protocol):
+    """A decoder layer as `load_decoder` fills it (Llama's, Qwen's and Gemma's layers)."""
+
+    @property
+    def attn(self) -> _AttentionWeights: ...
+    @property
+    def gate_up(self) -> nn.Linear: ...
+    @property
+    def down(self) -> nn.Linear: ...
+    def norm_names(self) -> list[tuple[nn.Module, str]]: ...
+
+
+def load_decoder(
+    state: dict[str, torch.Tensor], prefixes: Sequence[str], embed: nn.Embedding,
+    layers: Sequence[DecoderLayerWeights], norm: nn.Module,
+) -> Weights:
+    """Copy a decoder checkpoint (transformers' Llama layout of names) in, fusing q/k/v and gate/up."""
+    weights = Weights(state, prefixes, "embed_tokens.weight")
+    embed.weight.data.copy_(weights["embed_tokens.weight"])
+    for i, layer in enumerate(layers):
+        p = f"layers.{i}."
+        attn = layer.attn
+        copy_linear(attn.qkv, weights, f"{p}self_attn.q_proj", f"{p}self_attn.k_proj", f"{p}self_attn.v_proj")
+        copy_linear(attn.o_proj, weights, f"{p}self_attn.o_proj")
+        if attn.q_norm is not None and attn.k_norm is not None:
+            copy_norm(attn.q_norm, weights, f"{p}self_attn.q_norm")
+            copy_norm(attn.k_norm, weights, f"{p}self_attn.k_norm")
+        for module, name in layer.norm_names():
+            copy_norm(module, weights, p + name)
+        copy_linear(layer.gate_up, weights, f"{p}mlp.gate_proj", f"{p}mlp.up_proj")
+        copy_linear(layer.down, weights, f"{p}mlp.down_proj")
+    copy_norm(norm, weights, "norm")
+    return weights
 
 
 class LlamaModel(nn.Module):
@@ -177,22 +228,8 @@ class LlamaModel(nn.Module):
 
     def load(self, state: dict[str, torch.Tensor]) -> Weights:
         """Copy the checkpoint's tensors in (fusing q/k/v and gate/up)."""
-        weights = Weights(state, self.prefixes, "embed_tokens.weight")
-        self.embed_tokens.weight.data.copy_(weights["embed_tokens.weight"])
-        for i, layer in enumerate(cast("list[DecoderLayer]", self.layers)):
-            p = f"layers.{i}."
-            attn = layer.attn
-            copy_linear(attn.qkv, weights, f"{p}self_attn.q_proj", f"{p}self_attn.k_proj", f"{p}self_attn.v_proj")
-            copy_linear(attn.o_proj, weights, f"{p}self_attn.o_proj")
-            if attn.q_norm is not None and attn.k_norm is not None:
-                copy_norm(attn.q_norm, weights, f"{p}self_attn.q_norm")
-                copy_norm(attn.k_norm, weights, f"{p}self_attn.k_norm")
-            copy_norm(layer.input_norm, weights, f"{p}input_layernorm")
-            copy_norm(layer.post_attn_norm, weights, f"{p}post_attention_layernorm")
-            copy_linear(layer.gate_up, weights, f"{p}mlp.gate_proj", f"{p}mlp.up_proj")
-            copy_linear(layer.down, weights, f"{p}mlp.down_proj")
-        copy_norm(self.norm, weights, "norm")
-        return weights
+        layers = cast("list[DecoderLayer]", self.layers)
+        return load_decoder(state, self.prefixes, self.embed_tokens, layers, self.norm)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """`[total, 1, head_dim]` cos and sin at `positions` (float32 math, then `dtype`, as transformers)."""

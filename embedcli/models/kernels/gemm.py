@@ -47,21 +47,29 @@ class _Packed:
     """A Linear's weight (and bias) laid out for oneDNN, one copy per compute dtype, made on first use."""
 
     def __init__(self) -> None:
-        self.by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.by_dtype: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.source: tuple[int, int] | None = None
 
-    def get(self, module: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def get(self, module: nn.Linear, dtype: torch.dtype, half: int = -1) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The packed weight and bias: all output rows (`half` -1), or the first (0) or second (1) half of them."""
         # The packs copy the weight: a weight replaced or written in place since (a reload) drops them.
         source = (module.weight.data_ptr(), module.weight._version)
         if source != self.source:
             self.by_dtype.clear()
             self.source = source
-        packed = self.by_dtype.get(dtype)
+        packed = self.by_dtype.get((dtype, half))
         if packed is None:
-            weight = module.weight.detach().to(dtype).contiguous()
-            bias = None if module.bias is None else module.bias.detach().to(dtype).contiguous()  # type: ignore[redundant-expr]  # torch types Linear.bias as a Tensor; bias=False makes it None
+            weight: torch.Tensor = module.weight.detach()
+            # torch types Linear.bias as a Tensor; bias=False makes it None
+            bias: torch.Tensor | None = None if module.bias is None else module.bias.detach()  # type: ignore[redundant-expr]  # see above
+            if half >= 0:
+                rows = weight.shape[0] // 2
+                weight = weight[half * rows : (half + 1) * rows]
+                bias = None if bias is None else bias[half * rows : (half + 1) * rows]
+            weight = weight.to(dtype).contiguous()
+            bias = None if bias is None else bias.to(dtype).contiguous()
             packed = (torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT), bias)
-            self.by_dtype[dtype] = packed
+            self.by_dtype[(dtype, half)] = packed
         return packed
 
 
@@ -88,10 +96,35 @@ def linear(
     if dtype is None:
         out = module(x)
         return out if act is None else act(out)
-    cache: _Packed | None = module.__dict__.get("_embedcli_packed")
-    if cache is None:
-        cache = module.__dict__["_embedcli_packed"] = _Packed()
-    weight, bias = cache.get(module, dtype)  # type: ignore[arg-type]  # every caller passes a Linear
+    weight, bias = _packs(module).get(module, dtype)  # type: ignore[arg-type]  # every caller passes a Linear
     attr, algorithm = fused or ("none", "")
     out = torch.ops.mkldnn._linear_pointwise(x.to(dtype).contiguous(), weight, bias, attr, [], algorithm)
     return out if act is None or fused is not None else act(out)
+
+
+def _packs(module: nn.Module) -> _Packed:
+    cache: _Packed | None = module.__dict__.get("_embedcli_packed")
+    if cache is None:
+        cache = module.__dict__["_embedcli_packed"] = _Packed()
+    return cache
+
+
+def gated_linear(module: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`act(gate) * up` of a fused gate/up Linear (`[gate; up]` output rows: GeGLU, SwiGLU) on `[rows, in]`.
+
+    On the oneDNN float32 path with an activation it fuses, each half is its own matmul, the gate's with the
+    activation as a post-op, and the product is taken in place: no `[rows, 2 * inter]` output, chunk views or
+    activation pass (measured on EmbeddingGemma's MLP, 2048 x 768 -> 2 x 1152: ~6% less than one fused matmul
+    and the passes; oneDNN's binary `mul` post-op instead saved ~3%). The same float32 values, the
+    activation's own rounding aside (~1 ulp).
+    """
+    fused = FUSED_ACTIVATIONS.get(act)
+    if fused is None or _compute_dtype(module, x) != torch.float32:
+        gate, up = linear(module, x).chunk(2, dim=-1)
+        return act(gate) * up
+    cache = _packs(module)
+    rows = x.contiguous()
+    weight, bias = cache.get(module, torch.float32, 0)  # type: ignore[arg-type]  # every caller passes a Linear
+    gate = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, fused[0], [], fused[1])
+    weight, bias = cache.get(module, torch.float32, 1)  # type: ignore[arg-type]  # every caller passes a Linear
+    return gate.mul_(torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], ""))
