@@ -51,6 +51,10 @@ def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
     )
 
 
+READ_BUFFER_BYTES = 1 << 20
+"""Bytes a Parquet input is read in: a column chunk (a whole one-row-group file's column) is never held whole."""
+
+
 def _open(path: str) -> pq.ParquetFile:
     try:
         if path == STDIN:
@@ -60,7 +64,9 @@ def _open(path: str) -> pq.ParquetFile:
                 source = pa.BufferReader(f.read())
         else:
             source = arrow_source(path)
-        return pq.ParquetFile(source)
+        # A buffered stream without pre-buffering reads a column chunk a page at a time, so memory stays
+        # bounded by the batch, not the row group (pyarrow otherwise loads each column chunk whole).
+        return pq.ParquetFile(source, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
     except FileNotFoundError:
         raise InputError(path, "no such file", fix="check the path") from None
     except (pa.ArrowException, OSError) as e:
