@@ -126,7 +126,10 @@ def bbc(per_topic: int, threads: int) -> None:
                             "-o", hits, "-q"], env=env, check=True)
             seconds = time.perf_counter() - start
             got = pq.read_table(hits).to_pylist()
-            ranked = [[h["id"] for h in got[10 * q : 10 * q + 10]] for q in range(len(rows))]
+            per_query: dict[str, list[str]] = {i: [] for i in ids}
+            for h in got:  # best first per query; fewer than 10 when the corpus is smaller
+                per_query[h["query_id"]].append(h["id"])
+            ranked = [per_query[i] for i in ids]
             r1, mrr = task._metrics(ranked, ids)
             results.append({"precision": precision, "rescore": rescore, "r_at_1": round(r1, 4), "mrr_at_10": round(mrr, 4),
                             "queries": len(rows), "search_seconds": round(seconds, 2)})
