@@ -98,7 +98,7 @@ def test_outputs_and_config_do_not_depend_on_threads(cli, files, tmp_path):  # t
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_shows_threads_and_zero_is_refused(cli, files, tmp_path, command):  # type: ignore[no-untyped-def]
     shown = cli(command, "--help", env={"COLUMNS": "200"}).stdout
-    assert "--threads" in shown and "EMBEDCLI_THREADS" in shown and "--threads 1" in shown
+    assert "--threads" in shown and "EMBEDCLI_THREADS=1" in shown and "--threads 1" in shown
     args = _args(command, files, tmp_path) if command != "sparse-embed" else ["sparse-embed", files["rows"], "-o",
                                                                             str(tmp_path / "sp.parquet")]
     refused = cli(*args, "--threads", "0", code=2)

@@ -44,10 +44,8 @@ OPT_MODEL = typer.Option(
 OPT_DEVICE = typer.Option("auto", "--device", envvar=env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
 OPT_THREADS = typer.Option(
     None, "--threads", envvar=env("threads"), rich_help_panel=MODEL, metavar="N",
-    help="CPU threads of the model's forward passes (torch intra-op) and of the tokenizer, e.g. --threads 1 "
-    "for a cron job beside other work (or EMBEDCLI_THREADS=1). Default: one per core, waiting passively "
-    "(OMP_WAIT_POLICY=PASSIVE unless set). Another count can change the last bits of a vector (oneDNN splits "
-    "sums by thread), so it is in no config hash: a resume or --incremental may use another count.",
+    help="Torch and tokenizer CPU threads, e.g. --threads 1 (EMBEDCLI_THREADS=1) beside other work. Default: one "
+    "per core, waiting passively. Last bits may differ by count; in no config hash (README: Threads).",
 )
 OPT_DTYPE = typer.Option(
     "auto", "--dtype", envvar=env("dtype"), rich_help_panel=MODEL,
