@@ -8,6 +8,13 @@ zstd) and searches it with `embedcli.retrieval` (the code behind `embedcli searc
 forward pass) for each block size, each in a fresh process; the figure is the process's peak RSS
 (VmHWM) minus its RSS just before the search, beside what reading the whole vector column at once costs.
 Results go to benchmarks/results/search.json and a table to stdout.
+
+    python benchmarks/bench_search.py --bbc 60             # R@1: float32 vs int8 (default rescore 4, and off)
+
+`--bbc N` instead runs the BBC headline -> article task of tests/search/test_search_bbc.py (the first N
+articles of each topic, each stored as its first paragraph, the packaged all-MiniLM-L6-v2) through the
+`embedcli embed` / `embedcli search` commands: R@1 and MRR@10 of float32, int8 with the default
+rescoring (4 x top-k) and int8 with --rescore 0, to benchmarks/results/search_bbc.json.
 """
 
 from __future__ import annotations
@@ -85,6 +92,55 @@ def child(args: argparse.Namespace) -> None:
                       "peak_over_before_mb": round(peak - before, 1), "top_row": int(rows[0, 0])}))
 
 
+def bbc(per_topic: int, threads: int) -> None:
+    """R@1 / MRR@10 of headline -> article search: float32 against int8 with and without rescoring."""
+    import importlib.util
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    spec = importlib.util.spec_from_file_location("bbc", ROOT / "tests" / "search" / "test_search_bbc.py")
+    assert spec is not None and spec.loader is not None
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    task.PER_TOPIC = per_topic
+    rows = task._articles()
+    ids = [i for i, _, _ in rows]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "EMBEDCLI_DTYPE": "float32", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "embedcli"]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        articles, headlines = os.path.join(tmp, "articles.jsonl"), os.path.join(tmp, "headlines.jsonl")
+        with open(articles, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"id": i, "text": body}) + "\n" for i, _, body in rows)
+        with open(headlines, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"id": i, "text": h}) + "\n" for i, h, _ in rows)
+        for precision, rescore in (("float32", 0), ("int8", 4), ("int8", 0)):
+            vectors = os.path.join(tmp, f"{precision}.parquet")
+            if not os.path.exists(vectors):
+                subprocess.run([*cmd, "embed", articles, "--precision", precision, "-o", vectors, "-q"], env=env, check=True)
+            hits = os.path.join(tmp, f"hits-{precision}-{rescore}.parquet")
+            start = time.perf_counter()
+            subprocess.run([*cmd, "search", vectors, "--queries", headlines, "--top-k", "10", "--rescore", str(rescore),
+                            "-o", hits, "-q"], env=env, check=True)
+            seconds = time.perf_counter() - start
+            got = pq.read_table(hits).to_pylist()
+            per_query: dict[str, list[str]] = {i: [] for i in ids}
+            for h in got:  # best first per query; fewer than 10 when the corpus is smaller
+                per_query[h["query_id"]].append(h["id"])
+            ranked = [per_query[i] for i in ids]
+            r1, mrr = task._metrics(ranked, ids)
+            results.append({"precision": precision, "rescore": rescore, "r_at_1": round(r1, 4), "mrr_at_10": round(mrr, 4),
+                            "queries": len(rows), "search_seconds": round(seconds, 2)})
+            print(f"bbc {len(rows)} headlines: {precision:7s} rescore {rescore}: R@1 {r1:.4f}  MRR@10 {mrr:.4f}", flush=True)
+    f32 = next(r["r_at_1"] for r in results if r["precision"] == "float32")
+    summary = {"threads": threads, "per_topic": per_topic, "results": results,
+               "int8_default_minus_float32_r_at_1": round(float(np.float64(results[1]["r_at_1"]) - f32), 4)}
+    print(f"int8 (default rescore 4) R@1 - float32 R@1 = {summary['int8_default_minus_float32_r_at_1']:+.4f}")
+    (ROOT / "benchmarks" / "results" / "search_bbc.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
@@ -94,6 +150,8 @@ def main() -> None:
     parser.add_argument("--blocks", default="1024,8192,32768,0", help="Block sizes; 0 = the whole column at once.")
     parser.add_argument("--precisions", default="float32,int8")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bbc", type=int, default=0, metavar="N",
+                        help="Instead: the BBC headline -> article R@1 with N articles per topic (60: the test's set).")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--block", type=int, help=argparse.SUPPRESS)
@@ -101,6 +159,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.bbc:
+        return bbc(args.bbc, args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     results = []

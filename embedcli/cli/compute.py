@@ -55,6 +55,7 @@ from embedcli.cli.options import (
     OPT_STEP_TAG,
     OPT_STRIP,
     OPT_TEXT_COL,
+    OPT_THREADS,
     OPT_TRUNC_SIDE,
     OPT_WEIGHTS,
     OUTPUT,
@@ -82,6 +83,7 @@ def embed(
     keep_cols: str = OPT_KEEP,
     fmt: str | None = OPT_FORMAT,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -115,7 +117,7 @@ def embed(
     run(
         lambda: run_embed(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, quantize),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, quantize, threads=threads),
             EmbedOptions(
                 normalize=normalize, max_batch_tokens=max_batch_tokens, strip=strip, dimensions=dimensions,
                 prompt=prompt, prompt_name=prompt_name, long_inputs=long_inputs, truncation_side=truncation_side,
@@ -154,6 +156,7 @@ def rerank(
     keep_cols: str = OPT_KEEP,
     fmt: str | None = OPT_FORMAT,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -199,7 +202,7 @@ def rerank(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
             ModelChoice(
                 model, device, dtype, max_length, allow_pickle, trust_remote_code,
-                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset), threads=threads,
             ),
             RerankOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
@@ -239,6 +242,7 @@ def score(
     keep_cols: str = OPT_KEEP,
     fmt: str | None = OPT_FORMAT,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -268,7 +272,7 @@ def score(
             InputOptions(inputs, right_col if left is not None else left_col, id_col, cols(keep_cols), fmt),
             ModelChoice(
                 model, device, dtype, max_length, allow_pickle, trust_remote_code,
-                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset),
+                reranker=reranker_flags(classifier_from_tokens, pair_template, instruction, reranker_preset), threads=threads,
             ),
             ScoreOptions(
                 method=method, raw_scores=raw_scores, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
@@ -307,6 +311,7 @@ def classify(
     fmt: str | None = OPT_FORMAT,
     strip: bool = OPT_STRIP,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -346,7 +351,7 @@ def classify(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
             ModelChoice(
                 model, device, dtype, max_length, allow_pickle, trust_remote_code,
-                reranker=reranker_flags(classifier_from_tokens, None, None, None),
+                reranker=reranker_flags(classifier_from_tokens, None, None, None), threads=threads,
             ),
             ClassifyOptions(
                 activation=activation, top_k=top_k, all_scores=all_scores, logit_mean=logit_mean,
@@ -375,6 +380,7 @@ def token_embed(
     fmt: str | None = OPT_FORMAT,
     strip: bool = OPT_STRIP,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -414,7 +420,7 @@ def token_embed(
     run(
         lambda: run_token_embed(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, threads=threads),
             TokenOptions(
                 keep_special=keep_special, step_tag_id=step_tag_id,
                 dimensions=dimensions, normalize=normalize, max_batch_tokens=max_batch_tokens,
@@ -441,6 +447,7 @@ def token_classify(
     fmt: str | None = OPT_FORMAT,
     strip: bool = OPT_STRIP,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -474,7 +481,7 @@ def token_classify(
     run(
         lambda: run_token_classify(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, threads=threads),
             TokenOptions(
                 keep_special=keep_special, step_tag_id=step_tag_id, returned_token_ids=ids(returned_token_ids),
                 activation=activation, all_scores=all_scores, logit_mean=logit_mean, logit_sigma=logit_sigma,

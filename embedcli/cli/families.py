@@ -30,6 +30,7 @@ from embedcli.cli.options import (
     OPT_STATS,
     OPT_STRIP,
     OPT_TEXT_COL,
+    OPT_THREADS,
     OPT_TRUNC_SIDE,
     OUTPUT,
     cols,
@@ -116,6 +117,7 @@ def sparse_embed(
     keep_cols: str = OPT_KEEP,
     fmt: str | None = OPT_FORMAT,
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = OPT_DTYPE,
     allow_pickle: bool = OPT_PICKLE,
     trust_remote_code: bool = OPT_REMOTE,
@@ -150,7 +152,7 @@ def sparse_embed(
     run(
         lambda: run_sparse_embed(
             InputOptions(inputs, text_col, id_col, cols(keep_cols), fmt),
-            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code),
+            ModelChoice(model, device, dtype, max_length, allow_pickle, trust_remote_code, threads=threads),
             SparseOptions(
                 top_k=top_k, with_tokens=with_tokens, max_batch_tokens=max_batch_tokens, long_inputs=long_inputs,
                 truncation_side=truncation_side, strip=strip, prompt=prompt, prompt_name=prompt_name,

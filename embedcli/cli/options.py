@@ -42,6 +42,11 @@ OPT_MODEL = typer.Option(
     "first; else downloaded (safetensors only) unless HF_HUB_OFFLINE is set. Default: sentence-transformers/all-MiniLM-L6-v2.",
 )
 OPT_DEVICE = typer.Option("auto", "--device", envvar=env("device"), rich_help_panel=MODEL, help="auto, cpu, cuda or cuda:N.")
+OPT_THREADS = typer.Option(
+    None, "--threads", envvar=env("threads"), rich_help_panel=MODEL, metavar="N",
+    help="Torch and tokenizer CPU threads, e.g. --threads 1 (EMBEDCLI_THREADS=1) beside other work. Default: one "
+    "per core, waiting passively. Last bits may differ by count; in no config hash (README: Threads).",
+)
 OPT_DTYPE = typer.Option(
     "auto", "--dtype", envvar=env("dtype"), rich_help_panel=MODEL,
     help="auto, float32, bfloat16, float16 (auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX-512 BF16/AMX) where the model passes its parity probe against float32 (decided once per model and cached; `embedcli info` shows it), else float32). Use float32 for bit-level parity with sentence-transformers.",

@@ -14,6 +14,7 @@ from embedcli.cli.options import (
     OPT_PICKLE,
     OPT_QUIET,
     OPT_REMOTE,
+    OPT_THREADS,
     OUTPUT,
     cols,
     env,
@@ -21,7 +22,9 @@ from embedcli.cli.options import (
 
 
 @app.command(
-    epilog="Example: [bold]embedcli search vectors.parquet --queries q.jsonl --top-k 100 --keep-cols text -o -[/bold]",
+    epilog="Example: [bold]embedcli search vectors.parquet --queries q.jsonl --top-k 100 --keep-cols text -o -[/bold]"
+    "\n\nint8 vectors, 8 x top-k candidates rescored: [bold]embedcli search vectors-int8.parquet --queries q.jsonl "
+    "--rescore 8 -o hits.parquet[/bold]",
 )
 def search(
     vectors: str = typer.Argument(..., help="A Parquet file written by embedcli embed.", show_default=False),
@@ -40,9 +43,11 @@ def search(
         help="Comma-separated columns of the vectors file to add to each hit (e.g. text, for rerank).",
     ),
     rescore: int = typer.Option(
-        0, "--rescore", envvar=env("rescore"), rich_help_panel=OUTPUT,
-        help="Quantized vectors: take top-k x N candidates by the quantized score, then rescore them with the "
-        "float query (sentence-transformers' rescore_multiplier). 0: off.",
+        4, "--rescore", envvar=env("rescore"), rich_help_panel=OUTPUT,
+        help="int8/uint8/binary/ubinary vectors: take the top-k x N candidates by the quantized score, then "
+        "rescore them with the float query (query . dequantized codes; query . bits for binary), as "
+        "sentence-transformers' rescore_multiplier. 0: off (the quantized score alone). Float vectors: no "
+        "effect. E.g. --rescore 8.",
     ),
     block_rows: int = typer.Option(
         8192, "--block-rows", envvar=env("block-rows"), rich_help_panel=BATCHING,
@@ -53,6 +58,7 @@ def search(
         help="The model that made the vectors (default: the one named in their provenance); another is refused.",
     ),
     device: str = OPT_DEVICE,
+    threads: int | None = OPT_THREADS,
     dtype: str = typer.Option(
         "auto", "--dtype", envvar=env("dtype"), rich_help_panel=MODEL,
         help="auto: the dtype the vectors were made with; float32, bfloat16, float16.",
@@ -75,7 +81,8 @@ def search(
     Queries are embedded as the vectors were (model, prompt, normalization, dimensions, precision: read from
     the file's provenance; the model's 'query' prompt where it has one). Scores: cosine for float vectors,
     the dot product of codes for int8/uint8 (queries quantized with the stored ranges), agreeing bits for
-    binary/ubinary; ties go to the earlier row.
+    binary/ubinary; quantized vectors then have their top-k x --rescore candidates rescored with the float
+    query (default 4; --rescore 0: off). Ties go to the earlier row.
     """
     from embedcli.run.flags import RunFlags
     from embedcli.tasks.common import ModelChoice, OutputOptions
@@ -84,7 +91,7 @@ def search(
     run(
         lambda: run_search(
             SearchOptions(vectors, query, queries, query_col, query_id_col, top_k, cols(keep_cols), rescore, block_rows),
-            ModelChoice(model, device, dtype, None, allow_pickle, trust_remote_code),
+            ModelChoice(model, device, dtype, None, allow_pickle, trust_remote_code, threads=threads),
             OutputOptions(output, output_format, quiet),
             RunFlags(overwrite=overwrite),
         )

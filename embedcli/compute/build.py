@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,11 +29,19 @@ class RunnerRecipe:
     threads: int | None = None
 
 
+def tokenizer_threads(threads: int | None) -> None:
+    """Size the tokenizers' (Rust) thread pool to `threads`; None leaves it at all cores."""
+    # The pool reads RAYON_NUM_THREADS once, when a first batch is tokenized; the runner is built before that.
+    if threads:
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+
+
 def build_engine(recipe: RunnerRecipe) -> Runner | StaticRunner:
     """The embed engine of `recipe`: a static model's numpy runner (no torch), else `build_runner`'s."""
     if recipe.model_spec.head == "static":
         from embedcli.compute.static import StaticRunner
 
+        tokenizer_threads(recipe.threads)
         return StaticRunner(recipe.model_spec, recipe.model_options, recipe.runner_options)
     return build_runner(recipe)
 
@@ -50,6 +59,7 @@ def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runn
     from embedcli.models.loader import LoadedModel
 
     if recipe.threads:
+        tokenizer_threads(recipe.threads)
         torch.set_num_threads(recipe.threads)
     if model is None:
         model = LoadedModel(recipe.model_spec, recipe.model_options)

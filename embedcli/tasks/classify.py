@@ -125,6 +125,7 @@ def run_classify(
             task="classify", max_batch_tokens=opts.max_batch_tokens, long_inputs=opts.long_inputs,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
             truncation_side=opts.truncation_side, strip=opts.strip,  # type: ignore[arg-type]  # typer's Literal choices; RunnerOptions takes the same values
         ),
+        choice.threads,
     )
     codec = ClassifyCodec(
         np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols), opts.pair_col

@@ -46,6 +46,11 @@ class ModelChoice:
     trust_remote_code: bool = False
     quantize: bool = False
     reranker: RerankerFlags | None = None  # a causal LM as a yes/no reranker (--classifier-from-tokens, ...)
+    threads: int | None = None  # --threads: how the run computes, not what; in no config hash
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads {self.threads}: must be 1 or more (CPU threads of the forward passes)")
 
     def options(self, **task_options: Any) -> ModelOptions:
         """The load options, with a task's (activation, calibration, step tag); refused flag values are
@@ -83,7 +88,7 @@ def load_spec(choice: ModelChoice) -> ModelSpec:
 
 def runner_recipe(spec: ModelSpec, choice: ModelChoice, runner_options: RunnerOptions, **task_options: Any) -> RunnerRecipe:
     """The recipe of a runner of `spec` with the choice's device/dtype and task options."""
-    return RunnerRecipe(spec, choice.options(**task_options), runner_options)
+    return RunnerRecipe(spec, choice.options(**task_options), runner_options, choice.threads)
 
 
 def build(spec: ModelSpec, choice: ModelChoice, runner_options: RunnerOptions, **task_options: Any) -> Runner:

@@ -108,7 +108,7 @@ def run_embed(
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,
         strip=embed.strip, dimensions=embed.dimensions, prompt=embed.prompt, prompt_name=embed.prompt_name,
-        long_inputs=embed.long_inputs, truncation_side=embed.truncation_side,
+        long_inputs=embed.long_inputs, truncation_side=embed.truncation_side, threads=choice.threads,
     )
     quant = make_quantizer(embed.precision, embed.calibration)
     # The model loads once the output's state says there is work (unless only loading can settle the dtype).

@@ -41,6 +41,7 @@ from embedcli.tasks.common import ModelChoice, OutputOptions, runner_recipe
 from embedcli.tasks.pairs import read_queries
 
 KEY_SEARCH = "embedcli.search"
+DEFAULT_RESCORE = 4  # top-k x 4 quantized candidates rescored with the float query (the recipe's multiplier)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class SearchOptions:
     query_id_col: str | None = None
     top_k: int = 10
     keep_cols: list[str] = field(default_factory=list)
-    rescore_multiplier: int = 0
+    rescore_multiplier: int = DEFAULT_RESCORE
     block_rows: int = 8192
 
 
@@ -182,10 +183,12 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
     queries = read_queries(opts, "search")
     spec = _model_spec(prov, choice)
     prompt = query_prompt(spec, str(prov.config.get("prompt") or ""))
+    # float vectors have nothing to rescore: the multiplier is recorded as 0, so it does not tell outputs apart
+    rescore = opts.rescore_multiplier if prov.precision not in ("float32", "float16") else 0
     config = {
         "task": "search", "top_k": opts.top_k, "precision": prov.precision, "query": opts.query,
-        "rescore_multiplier": opts.rescore_multiplier, "query_prompt": prompt,
-        "score": _score_name(prov.precision, opts.rescore_multiplier), "dtype": choice.dtype,
+        "rescore_multiplier": rescore, "query_prompt": prompt,
+        "score": _score_name(prov.precision, rescore), "dtype": choice.dtype,
     }
     config_json = json.dumps(config, sort_keys=True)
     meta = {
@@ -195,8 +198,8 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
         "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
         KEY_SEARCH: json.dumps({
             "vectors": os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
-            "rescore_multiplier": opts.rescore_multiplier, "query_prompt": prompt,
-            "score": _score_name(prov.precision, opts.rescore_multiplier),
+            "rescore_multiplier": rescore, "query_prompt": prompt,
+            "score": _score_name(prov.precision, rescore),
         }),
     }
     options = {"keep_cols": list(opts.keep_cols), "query_col": opts.query_col, "query_id_col": opts.query_id_col}
@@ -217,7 +220,7 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
             unusable[0] += len(block) - int(usable_rows(block, valid).sum())
             yield block, valid
 
-    scores, rows = search_blocks(vectors, blocks(), opts.top_k, space, rescore_multiplier=opts.rescore_multiplier)
+    scores, rows = search_blocks(vectors, blocks(), opts.top_k, space, rescore_multiplier=rescore)
     if unusable[0] and not output.quiet:
         print(f"embedcli: {unusable[0]:,} rows of {prov.path} have a null, NaN or infinite vector: "
               "they are never hits (re-embed them)", file=sys.stderr)

@@ -76,8 +76,8 @@ def st_headlines(bbc):  # type: ignore[no-untyped-def]
     return vectors
 
 
-@pytest.mark.parametrize("precision", ["float32", "int8"])
-def test_headline_to_article_equals_semantic_search(cli, bbc, st_headlines, tmp_path, precision):
+@pytest.mark.parametrize(("precision", "rescore"), [("float32", 4), ("int8", 4), ("int8", 0)])
+def test_headline_to_article_equals_semantic_search(cli, bbc, st_headlines, tmp_path, precision, rescore):
     import torch
     from sentence_transformers import util
 
@@ -89,7 +89,8 @@ def test_headline_to_article_equals_semantic_search(cli, bbc, st_headlines, tmp_
     vectors = tmp_path / "articles.parquet"
     cli("embed", root / "articles.jsonl", "--precision", precision, "-o", vectors, "-q")
     hits = tmp_path / "hits.parquet"
-    cli("search", vectors, "--queries", root / "headlines.jsonl", "--top-k", 10, "-o", hits, "-q")
+    flags = [] if rescore == 4 else ["--rescore", rescore]  # 4: the default
+    cli("search", vectors, "--queries", root / "headlines.jsonl", "--top-k", 10, *flags, "-o", hits, "-q")
     got = pq.read_table(hits).to_pylist()
     ours = [[h["id"] for h in got[10 * q : 10 * q + 10]] for q in range(len(rows))]
     assert all(h["query_id"] == ids[n // 10] for n, h in enumerate(got))
@@ -100,11 +101,17 @@ def test_headline_to_article_equals_semantic_search(cli, bbc, st_headlines, tmp_
     else:  # the int8 recipe: queries quantized with the corpus's ranges, exact inner product of the codes
         ranges = np.asarray(json.loads(pq.read_schema(vectors).metadata[METADATA_KEY.encode()])["ranges"], np.float32)
         q = quantize(st_headlines, "int8", ranges).astype(np.float32)
-        reference = util.semantic_search(torch.from_numpy(q), torch.from_numpy(stored.astype(np.float32)), top_k=10,
-                                         score_function=util.dot_score)
+        reference = util.semantic_search(torch.from_numpy(q), torch.from_numpy(stored.astype(np.float32)),
+                                         top_k=10 * max(rescore, 1), score_function=util.dot_score)
+        if rescore:  # the recipe's rescoring: float query . dequantized candidates, the best 10 of 10 x rescore
+            step = (ranges[1].astype(np.float64) - ranges[0]) / 255
+            deq = (stored.astype(np.float64) + 128) * step + ranges[0]
+            for qi, found in enumerate(reference):
+                fine = [(float(st_headlines[qi].astype(np.float64) @ deq[h["corpus_id"]]), h["corpus_id"]) for h in found]
+                reference[qi] = [{"corpus_id": c} for _, c in sorted(fine, key=lambda t: (-t[0], t[1]))[:10]]
     theirs = [[ids[h["corpus_id"]] for h in hits] for hits in reference]
     r1, mrr = _metrics(ours, ids)
     ref_r1, ref_mrr = _metrics(theirs, ids)
-    print(f"{precision}: embedcli R@1 {r1:.4f} MRR@10 {mrr:.4f}; semantic_search R@1 {ref_r1:.4f} MRR@10 {ref_mrr:.4f}")
+    print(f"{precision} rescore {rescore}: embedcli R@1 {r1:.4f} MRR@10 {mrr:.4f}; semantic_search R@1 {ref_r1:.4f} MRR@10 {ref_mrr:.4f}")
     assert round(r1, 3) == round(ref_r1, 3) and round(mrr, 3) == round(ref_mrr, 3)
     assert r1 > 0.8  # a real retrieval task, not noise

@@ -87,9 +87,10 @@ def test_quantized_search_uses_the_stored_ranges(cli, st, st_model, corpus, tmp_
     vectors = tmp_path / "v.parquet"
     cli("embed", corpus / "docs.jsonl", "-m", st_model, "--precision", precision, "-o", vectors, "-q")
     out = tmp_path / "hits.jsonl"
-    cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", 20, "-o", out, "-q", "-m", st_model)
+    cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", 20, "--rescore", 0, "-o", out, "-q",
+        "-m", st_model)
     got = _hits(out)
-    assert len(got) == 3 * len(DOCS)  # k > n: every document once
+    assert len(got) == 3 * len(DOCS)  # k > n: every document once, by the quantized score alone
     codes = _stored(vectors)
     q = st.encode_query([t for _, t in QUERIES], convert_to_numpy=True)
     info = json.loads(pq.read_schema(vectors).metadata[METADATA_KEY.encode()])
@@ -163,27 +164,56 @@ def test_rerank_refuses_candidates_of_an_unknown_query(cli, st_model, tmp_path):
     assert "query_id 'q1' is not the id of a query" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_rescore_reranks_int8_candidates_with_the_float_query(cli, st, st_model, corpus, tmp_path):
+@pytest.mark.parametrize(("flags", "k", "mult"), [([], 1, 4), (["--rescore", "2"], 2, 2), (["--rescore", "0"], 2, 0)])
+def test_int8_search_rescores_4x_top_k_by_default(cli, st, st_model, corpus, tmp_path, flags, k, mult):
     from sentence_transformers.util.quantization import quantize_embeddings
 
     from embedcli.quantize import METADATA_KEY
 
     vectors = tmp_path / "v.parquet"
     cli("embed", corpus / "docs.jsonl", "-m", st_model, "--precision", "int8", "-o", vectors, "-q")
-    got = [json.loads(line) for line in cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", 2,
-                                             "--rescore", 2, "-m", st_model, "-q").stdout.splitlines()]
+    out = tmp_path / "hits.parquet"
+    cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", k, *flags, "-m", st_model, "-o", out, "-q")
+    got = _hits(out)
     codes = _stored(vectors).astype(np.int64)
     ranges = np.asarray(json.loads(pq.read_schema(vectors).metadata[METADATA_KEY.encode()])["ranges"], np.float64)
     q = st.encode_query([t for _, t in QUERIES], convert_to_numpy=True).astype(np.float64)
     coarse = quantize_embeddings(q.astype(np.float32), "int8", ranges=ranges.astype(np.float32)).astype(np.int64) @ codes.T
     step = (ranges[1] - ranges[0]) / 255
-    fine = q @ ((codes + 128) * step + ranges[0]).T  # the recipe's dequantized candidates
+    fine = q @ ((codes + 128) * step + ranges[0]).T  # the recipe's dequantized candidates, in float64
     for qi in range(len(QUERIES)):
-        candidates = sorted(range(len(DOCS)), key=lambda j: -coarse[qi, j])[:4]  # top-k x 2 by the codes
-        best = sorted(candidates, key=lambda j: -fine[qi, j])[:2]
-        mine = got[2 * qi : 2 * qi + 2]
+        by_codes = sorted(range(len(DOCS)), key=lambda j: -coarse[qi, j])  # stable: ties to the earlier row
+        if mult:
+            best = sorted(by_codes[: k * mult], key=lambda j: -fine[qi, j])[:k]
+            expected = fine[qi, best]
+        else:  # --rescore 0: the quantized score alone, as before rescoring was the default
+            best = by_codes[:k]
+            expected = coarse[qi, best].astype(np.float64)
+        mine = got[k * qi : k * qi + k]
         assert [r["id"] for r in mine] == [100 + j for j in best]
-        np.testing.assert_allclose([r["score"] for r in mine], fine[qi, best], rtol=1e-5)
+        np.testing.assert_allclose([r["score"] for r in mine], expected, rtol=1e-5)
+    config = json.loads(pq.read_schema(out).metadata[b"embedcli.search"])
+    assert config["rescore_multiplier"] == mult
+    # the duplicated document (rows 0 and 3) ties after rescoring too: the earlier row first
+    full = [json.loads(line) for line in cli("search", vectors, "--query", DOCS[0], "--top-k", 7, *flags, "-m", st_model,
+                                             "-q").stdout.splitlines()]
+    ids = [r["id"] for r in full]
+    assert ids.index(100) + 1 == ids.index(103) and full[ids.index(100)]["score"] == full[ids.index(103)]["score"]
+
+
+def test_rescore_has_no_effect_on_float_vectors(cli, st_model, corpus, tmp_path):
+    vectors = tmp_path / "v.parquet"
+    cli("embed", corpus / "docs.jsonl", "-m", st_model, "-o", vectors, "-q")
+    runs = [cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", 3, *flags, "-m", st_model, "-q").stdout
+            for flags in ([], ["--rescore", "0"], ["--rescore", "9"])]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_rescore_below_zero_is_a_usage_error(cli, st_model, corpus, tmp_path):
+    vectors = tmp_path / "v.parquet"
+    cli("embed", corpus / "docs.jsonl", "-m", st_model, "--precision", "int8", "-o", vectors, "-q")
+    result = cli("search", vectors, "--query", "x", "--rescore", "-1", "-m", st_model, code=2)
+    assert "--rescore -1: must be 0 (off) or more" in result.stderr
 
 
 def test_rerank_refuses_a_candidate_without_a_query_id(cli, st_model, tmp_path):
