@@ -24,6 +24,7 @@ from embedcli.io.readers import (
     read_inputs,
 )
 from embedcli.io.stdin_head import checking_head
+from embedcli.run.flags import RunFlags
 
 
 @dataclass(frozen=True)
@@ -222,12 +223,13 @@ class BatchSource:
         return total
 
 
-def check_head(source: BatchSource, strict: bool = False) -> None:
+def check_head(source: BatchSource, flags: RunFlags | None = None) -> None:
     """Before the model loads: read each input up to its first record, so a missing column, a wrong format
     or an unreadable file is said now, not after the whole start (~500 MB of model). stdin is read up to its
     first line, kept for the run (`io.stdin_head`); Parquet on stdin is left to the run (it is read whole).
-    With `strict` (the run stops at a bad row) a bad first record is said now too; other bad rows are the
-    run's."""
+    When the run stops at a bad row (`--on-error fail`, the default) a bad first record is said now too;
+    other bad rows are the run's."""
+    strict = flags is not None and flags.on_error != "skip"
     for path in source.paths():
         if path == STDIN:
             if detect_format(path, source.inputs.fmt) == "parquet":

@@ -144,7 +144,7 @@ class WholeOutput:
         extra = {k: v for k, v in (extra or {}).items() if k not in self.base_meta and k not in _PUBLISHED}
         if self.stdout:
             writer = open_writer(STDIN, schema, {**self.base_meta, **extra}, fmt=self.job.target.fmt)
-            self._write(writer, tables, schema)
+            self.write(writer, tables, schema)
             return
         path = self.job.target.path
         root = staging_dir(path)
@@ -161,12 +161,13 @@ class WholeOutput:
             meta = {**self.base_meta, **extra, KEY_ROWS: str(rows),
                     KEY_OUTPUT: output_key_for(root, saved), KEY_COMPLETE: "true"}
             remove_tmp_files(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
-            self._write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
+            self.write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
             unlink_quiet(index_sidecar(path))  # an earlier output's row index does not describe this one
         shutil.rmtree(root, ignore_errors=True)
 
     @staticmethod
-    def _write(writer: Any, tables: Iterable[Any], schema: Any) -> None:
+    def write(writer: Any, tables: Iterable[Any], schema: Any) -> None:
+        """Write `tables` (cast to `schema`) and commit; abort the writer on any error."""
         try:
             for table in tables:
                 writer.write(table.cast(schema) if table.schema != schema else table)

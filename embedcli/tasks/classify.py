@@ -110,7 +110,7 @@ def run_classify(
     check_target(output.path, flags, inputs.paths, output.stats_file)
     pairs = (opts.pair_col,) if opts.pair_col is not None else ()
     source = BatchSource(inputs, pairs)
-    check_head(source, strict=flags.on_error != "skip")  # said before the model loads
+    check_head(source, flags)  # said before the model loads
     spec = load_spec(choice)
     require_task(spec, "classify", "classify")
     if opts.pair_col is not None:

@@ -101,7 +101,7 @@ def run_embed(
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
+    check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     if embed.outputs != ("dense",):
         return run_hybrid(inputs, choice, embed, output, flags, spec)
@@ -228,16 +228,7 @@ def _quantize_spool(spool: str, job: Job, quant: Quantizer, out: WholeOutput | N
     schema = quant.table(empty).schema
     tables = (quant.table(pa.Table.from_batches([rb])) for rb in source.iter_batches(batch_size=8192))
     if out is None:  # stdout: nothing to resume or replace
-        _write_stream(open_writer(job.target.path, schema, spool_meta, fmt=job.target.fmt), tables)
+        WholeOutput.write(open_writer(job.target.path, schema, spool_meta, fmt=job.target.fmt), tables, schema)
         return
     out.publish_stream(schema, source.metadata.num_rows, tables, spool_meta)
 
-
-def _write_stream(writer: Any, tables: Any) -> None:
-    try:
-        for table in tables:
-            writer.write(table)
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise

@@ -261,7 +261,7 @@ def run_score(
         source = BatchSource(replace(inputs, text_col=opts.right_col))
     else:
         source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
-    check_head(source, strict=flags.on_error != "skip")  # said before the model loads
+    check_head(source, flags)  # said before the model loads
     codec = ScoreCodec(opts, tuple(inputs.keep_cols))
     query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
     model_options = recipe.model_options

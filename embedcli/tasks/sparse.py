@@ -124,7 +124,7 @@ def run_sparse_embed(
     """`embedcli sparse-embed`: one sparse vector per row (id, indices, values[, tokens]) and kept columns."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
+    check_head(BatchSource(inputs), flags)  # said before the model loads
     _check(opts, output)
     spec = load_spec(choice)
     require_task(spec, "sparse_embed", "sparse-embed")

@@ -274,7 +274,7 @@ def run_token_embed(
     """`embedcli token-embed`: per-token vectors of each row (list columns), special tokens dropped unless kept."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
+    check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)
     check_m3_token_embed(spec, opts.dimensions, opts.normalize, opts.step_tag_id)
     if spec.m3_heads:  # FlagEmbedding's colbert vectors keep the final </s> (only <s> is left out)
@@ -299,7 +299,7 @@ def run_token_classify(
     """`embedcli token-classify`: a label and its score per token (and every label's with `--all-scores`)."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs), strict=flags.on_error != "skip")  # said before the model loads
+    check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)
     recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
     names = list(spec.id2label)
