@@ -112,10 +112,10 @@ def parquet_row(path: str, offset: int, block: int = BLOCK_LINES) -> int:
     row = 0
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
-        starts = [c.dictionary_page_offset or c.data_page_offset for c in (rg.column(i) for i in range(rg.num_columns))]
-        starts = [s for s in starts if s is not None]
-        lo = min(starts) if starts else 0
-        hi = lo + rg.total_compressed_size
+        columns = [rg.column(i) for i in range(rg.num_columns)]
+        starts = [c.dictionary_page_offset or c.data_page_offset for c in columns]
+        ends = [s + c.total_compressed_size for s, c in zip(starts, columns, strict=True)]
+        lo, hi = (min(starts), max(ends)) if starts else (0, 0)
         n = rg.num_rows
         if offset < hi or g == md.num_row_groups - 1:
             if offset <= lo:

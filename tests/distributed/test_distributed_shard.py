@@ -151,3 +151,25 @@ def test_an_int8_shard_cuts_its_slice_once(cli, st_model: Path, corpus: Path, tm
     assert len(calls) == 1
     ids, _, meta = vectors(out)
     assert meta["embedcli.shard"] == "1/2" and 0 < len(ids) < ROWS
+
+
+@pytest.mark.parametrize("groups", [1, 7])
+def test_parquet_shards_merge_to_the_bytes_of_one_run(cli, st_model: Path, tmp_path: Path, groups: int) -> None:
+    """Parquet slices are cut by the footer's row groups (one group: by rows within it), never by reading."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in write_corpus(tmp_path / "c.jsonl", ROWS, seed=9).read_text().splitlines()]
+    corpus = tmp_path / "c.parquet"
+    table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows]})
+    pq.write_table(table, corpus, row_group_size=-(-ROWS // groups))
+    full = tmp_path / "full.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", full, *SMALL, "-q")
+    parts = [tmp_path / f"p{k}.parquet" for k in range(3)]
+    for k, part in enumerate(parts):
+        cli("embed", corpus, "-m", st_model, "-o", part, "--shard", f"{k}/3", *SMALL, "-q")
+    assert all(vectors(p)[0] for p in parts)  # every slice holds rows
+    merged = tmp_path / "merged.parquet"
+    cli("merge", *parts, "-o", merged, "-q")
+    assert merged.read_bytes() == full.read_bytes()
+    assert Path(f"{merged}.embedcli-index.parquet").read_bytes() == Path(f"{full}.embedcli-index.parquet").read_bytes()
