@@ -82,7 +82,19 @@ class _Segments:
 
     def slice(self, start: int, stop: int, columns: Sequence[str]) -> pa.Table:
         """Rows `[start, stop)` of `columns`."""
-        return self.take(np.arange(start, stop, dtype=np.int64), columns)
+        cols = tuple(columns)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        pieces = []
+        seg = first
+        while start < stop:
+            lo = int(self.starts[seg])
+            n = min(stop, int(self.starts[seg + 1])) - start
+            pieces.append(self.group(seg, cols).slice(start - lo, n))
+            start += n
+            seg += 1
+        if not pieces:
+            return self.group(max(first, 0), cols).slice(0, 0) if self.groups else pa.table({})
+        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
 
     def close(self) -> None:
         for pf in self._open.values():

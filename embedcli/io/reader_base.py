@@ -125,7 +125,7 @@ class ReadSpec:
     block_lines: int = BLOCK_LINES  # lines (rows) of a block: 16, or `batch_rows` when that is less
     block_bytes: int = BLOCK_BYTES  # a block ends at the line bringing its text to this: 64 KiB or 1/8 batch
     rows_read: int = 0  # rows parsed from the inputs' text (not carried over unread)
-    _context: tuple[Any, str] | None = None
+    _context: tuple[Any, Any, str] | None = None
 
     @property
     def settled(self) -> bool:
@@ -145,15 +145,17 @@ class ReadSpec:
 
     def context(self) -> str | None:
         """What the rows of the same bytes depend on in the reader (its types), or None while unsettled."""
+        # kept columns' types are only ever added, never changed: their count tells the state apart
+        key = (len(self.kept_types), len(self.null_kept))
+        cached = self._context
+        if cached is not None and cached[0] is self.id_type and cached[1] == key:  # (`is`: no slow type ==)
+            return cached[2]
         if not self.settled:
             return None
-        key = (self.id_type, tuple(self.kept_types.items()), tuple(self.null_kept))
-        if self._context is not None and self._context[0] == key:
-            return self._context[1]
         kept = sorted((c, str(t)) for c, t in self.kept_types.items())
         text = digest(str(self.id_type), kept, sorted(self.null_kept), self.text_col, self.id_col, self.id_explicit,
                       self.keep_cols, self.extra_text_cols, self.block_lines, self.block_bytes)
-        self._context = (key, text)
+        self._context = (self.id_type, key, text)
         return text
 
     def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:

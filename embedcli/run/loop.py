@@ -338,7 +338,9 @@ class Pipeline:
                 if work.end is not None:
                     self.read_point = work.end
             report.records_done += pool.records
-            since_commit += pool.records
+            # rows carried over unread are cheap to take again: they weigh an eighth towards --shard-rows
+            unread = sum(w.unread for w in pool.works)
+            since_commit += pool.records - unread + unread // 8
             assert report.progress is not None
             report.progress.update(pool.records, self.job.engine.stats.tokens)
             if stop.requested:
