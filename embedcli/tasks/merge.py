@@ -2,9 +2,10 @@
 it in input order (`embedcli merge A B C -o ALL.parquet`).
 
 A set is complete when every member is a complete output of the same job apart from its slice (same
-model hash, config hash, input fingerprints and input options), all say the same N and record total, and
-their record ranges cover `[0, total)` exactly once. The merged file holds the members' rows by range
-start, with the members' provenance and the set's row, record and skipped counts.
+model hash, config hash, input fingerprints and input options), all say the same N and number of cells,
+and their cell ranges cover `[0, total)` exactly once. The merged file is what the unsharded run writes,
+byte for byte (`embedcli.run.sharding`): its rows by range start in row groups of the same size, its
+metadata (config and job keys, counts, output key) and its row index sidecar.
 """
 
 from __future__ import annotations
@@ -142,18 +143,19 @@ def inspect_set(paths: Sequence[str]) -> dict[str, Any]:
             pos = 0
             for (start, stop), m in ranges:
                 if start > pos:
-                    report["problems"].append(f"input records {pos}-{start} are in no output (a shard is missing)")
+                    report["problems"].append(f"input cells {pos}-{start} are in no output (a shard is missing)")
                 elif start < pos:
-                    report["problems"].append(f"{m}: input records {start}-{min(pos, stop)} are in another output too")
+                    report["problems"].append(f"{m}: input cells {start}-{min(pos, stop)} are in another output too")
                 pos = max(pos, stop)
             if pos < total:
-                report["problems"].append(f"input records {pos}-{total} are in no output (a shard is missing)")
+                report["problems"].append(f"input cells {pos}-{total} are in no output (a shard is missing)")
             seen = sorted(int(meta[KEY_SHARD].split("/")[0]) for _, meta in metas)
             absent = sorted(set(range(n)) - set(seen))
             if absent:
                 report["problems"].append(f"shards {', '.join(f'{k}/{n}' for k in absent)} are missing")
             report["shards"] = n
-            report["input_rows"] = total
+            report["cells"] = total
+            report["input_rows"] = sum(int(meta.get(KEY_RECORDS, "0") or 0) for _, meta in metas)
         report["rows"] = sum(int(meta.get(KEY_ROWS, "0") or 0) for _, meta in metas)
         report["skipped_rows"] = sum(int(meta.get(KEY_SKIPPED, "0") or 0) for _, meta in metas)
         report["config_hash"] = first.get(KEY_CONFIG)

@@ -234,3 +234,44 @@ def test_a_stop_between_pools_commits_what_was_written(tmp_path: Path) -> None:
     manifest = Manifest.load(staging_dir(str(out)))
     assert manifest is not None and manifest.records_done > 0  # the two pools written before the failure
     assert manifest.shards[-1].end is not None  # with where reading goes on
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_killed_incremental_run_resumes_to_the_bytes_of_an_uninterrupted_one(tmp_path: Path, in_place: bool) -> None:
+    """Rows taken over from the previous output are staged as references: a resume reads them from the same
+    previous output (in place: the output file itself, replaced only at the very end)."""
+    base = rows_of(2000)
+    src = write_jsonl(tmp_path / "in.jsonl", base)
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path, shard_rows=50)
+    changed = [(i, t + " edited" if j % 20 == 0 else t) for j, (i, t) in enumerate(base)]
+    write_jsonl(src, [*changed, *[(f"n{i}", f"new row {i}") for i in range(30)]])
+    want = tmp_path / "want.parquet"
+    run([src], want, tmp_path, shard_rows=50, incremental=True, previous=str(prev))
+    out = prev if in_place else tmp_path / "out.parquet"
+    flags = {} if in_place else {"previous": str(prev)}
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=2), shard_rows=50, incremental=True, **flags)
+    manifest = Manifest.load(staging_dir(str(out)))
+    assert manifest is not None and manifest.records_done and any(s.refs for s in manifest.shards)
+    again = run([src], out, tmp_path, shard_rows=50, incremental=True, **flags)
+    assert again["resumed_rows"] == manifest.records_done
+    assert out.read_bytes() == want.read_bytes()
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{want}.embedcli-index.parquet").read_bytes()
+
+
+def test_rows_taken_over_reach_stdout_too(tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", rows_of(300))
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path)
+    write_jsonl(src, [*rows_of(300), ("extra", "one more row")])
+    capsysbinary.readouterr()
+    stats = tmp_path / "stdout.json"
+    engine = Engine()
+    j = job([src], tmp_path / "unused.parquet", engine, stats, incremental=True, previous=str(prev))
+    run_job(Job(j.source, engine, j.codec, j.provenance, Target("-", "jsonl"), j.flags, j.reporting))
+    lines = [json.loads(x) for x in capsysbinary.readouterr().out.decode().splitlines()]
+    assert [r["id"] for r in lines] == [*(f"r{i}" for i in range(300)), "extra"]
+    want = pq.read_table(prev).column("embedding").to_pylist()
+    assert [r["embedding"] for r in lines[:300]] == [[float(v) for v in e] for e in want]
+    assert engine.seen == ["one more row"]
