@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 
 from embedcli.io.errors import InputError
-from embedcli.io.positions import ReadPoint
+from embedcli.io.positions import WHOLE, FilePart, ReadPoint
 from embedcli.io.reader_base import (
     MAX_TEXT_CHARS,
     BatchBuilder,
@@ -163,11 +163,7 @@ def read_delimited(
     spec: ReadSpec,
     prefix: str,
     fmt: str,
-    *,
-    file: int = 0,
-    start: ReadPoint | None = None,
-    stop: ReadPoint | None = None,
-    cuts: Sequence[int] = (),
+    part: FilePart = WHOLE,
 ) -> Iterator[InputBatch]:
     """CSV (RFC 4180 quoting) or TSV (IANA: no quoting; a tab or newline cannot occur in a field).
 
@@ -175,6 +171,7 @@ def read_delimited(
     line of a CSV file may be inside a quoted field: a CSV or TSV file is read whole by `--incremental`."""
     if csv.field_size_limit() < MAX_FIELD_CHARS + 1:
         csv.field_size_limit(MAX_FIELD_CHARS + 1)  # long documents exceed the default 128 KiB per field
+    file, start, stop, cuts = part.file, part.start, part.stop, part.cuts
     offset0 = start.pos if start is not None else 0
     if stop is not None and offset0 >= stop.pos:
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -14,7 +14,7 @@ from embedcli.io.errors import InputError
 from embedcli.io.fingerprint import rereadable
 from embedcli.io.json_line import BadJsonLine, parse_json_line
 from embedcli.io.line_blocks import LineFormat, read_line_blocks
-from embedcli.io.positions import ReadPoint
+from embedcli.io.positions import WHOLE, FilePart
 from embedcli.io.reader_base import (
     BadRowHandler,
     BatchBuilder,
@@ -108,14 +108,11 @@ def read_jsonl(
     path: str,
     spec: ReadSpec,
     prefix: str,
-    *,
-    file: int = 0,
-    start: ReadPoint | None = None,
-    stop: ReadPoint | None = None,
-    cuts: Sequence[int] = (),
+    part: FilePart = WHOLE,
 ) -> Iterator[InputBatch]:
     """JSON Lines; ids from the id field when any record of the file has one, else `file:line`."""
     # Per file: whether its id field is decided yet, the field (None: default ids), whether a record was read.
+    start = part.start
     state: dict[str, Any] = {"decided": False, "id_key": None, "first": True}
     if start is not None and start.state.get("file"):
         state.update(start.state["file"])
@@ -173,8 +170,8 @@ def read_jsonl(
         named = prefix if state["id_key"] is None else ""
         return f"jsonl\x00{named}\x00{state['id_key']}\x00{types}"
 
-    fmt = LineFormat(parse, context, lambda: dict(state), lambda: BatchBuilder(path, spec, file, infer_types=True))
-    yield from read_line_blocks(path, spec, fmt, file=file, start=start, stop=stop, cuts=cuts, idle=True)
+    fmt = LineFormat(parse, context, lambda: dict(state), lambda: BatchBuilder(path, spec, part.file, infer_types=True))
+    yield from read_line_blocks(path, spec, fmt, part, idle=True)
 
 
 def _decide_early(path: str, spec: ReadSpec, state: dict[str, Any]) -> None:

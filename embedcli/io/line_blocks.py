@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import lzma
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from embedcli.io.errors import STDIN, InputError
-from embedcli.io.positions import BLOCK_LINES, Carried, ReadPoint, identity
+from embedcli.io.positions import BLOCK_LINES, WHOLE, Carried, FilePart, ReadPoint, identity
 from embedcli.io.reader_base import (
     BOM,
     BatchBuilder,
@@ -46,11 +46,8 @@ def read_line_blocks(
     path: str,
     spec: ReadSpec,
     fmt: LineFormat,
+    part: FilePart = WHOLE,
     *,
-    file: int = 0,
-    start: ReadPoint | None = None,
-    stop: ReadPoint | None = None,
-    cuts: Sequence[int] = (),
     idle: bool = False,
 ) -> Iterator[InputBatch]:
     """The batches of one line-based file, from `start` to `stop` (same file) or its end.
@@ -61,9 +58,9 @@ def read_line_blocks(
     into blocks by its line breaks (a block carried over is hashed, never split into lines); stdin, line by
     line, as lines arrive."""
     if idle and path == STDIN:
-        yield from _stream(path, spec, fmt, file)
+        yield from _stream(path, spec, fmt, part.file)
         return
-    yield from _LineBlocks(path, spec, fmt, file, start, stop, cuts).batches()
+    yield from _LineBlocks(path, spec, fmt, part).batches()
 
 
 def _stream(path: str, spec: ReadSpec, fmt: LineFormat, file: int) -> Iterator[InputBatch]:
@@ -91,11 +88,9 @@ CHUNK_BYTES = 1 << 20
 class _LineBlocks:
     """One text file's blocks and batches (see `read_line_blocks`)."""
 
-    def __init__(
-        self, path: str, spec: ReadSpec, fmt: LineFormat, file: int, start: ReadPoint | None,
-        stop: ReadPoint | None, cuts: Sequence[int],
-    ) -> None:
-        self.path, self.spec, self.fmt, self.file = path, spec, fmt, file
+    def __init__(self, path: str, spec: ReadSpec, fmt: LineFormat, part: FilePart) -> None:
+        self.path, self.spec, self.fmt, self.file = path, spec, fmt, part.file
+        start, stop, cuts = part.start, part.stop, part.cuts
         self.offset0 = start.pos if start is not None else 0
         self.line0 = start.line if start is not None else 0
         self.stop = stop

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.fingerprint import rereadable
-from embedcli.io.positions import UNIT_PIECE, Carried, ReadPoint, identity
+from embedcli.io.positions import UNIT_PIECE, WHOLE, Carried, FilePart, ReadPoint, identity
 from embedcli.io.reader_base import (
     BatchBuilder,
     InputBatch,
@@ -202,11 +202,7 @@ def read_parquet(
     path: str,
     spec: ReadSpec,
     prefix: str,
-    *,
-    file: int = 0,
-    start: ReadPoint | None = None,
-    stop: ReadPoint | None = None,
-    cuts: Sequence[int] = (),
+    part: FilePart = WHOLE,
 ) -> Iterator[InputBatch]:
     """Parquet, a block of rows at a time; ids from the id column if present, else `file:row`.
 
@@ -216,8 +212,8 @@ def read_parquet(
     with _open(path) as pf:
         id_col = _check_columns(path, pf.schema_arrow, spec)
         wanted = list(dict.fromkeys([spec.text_col, *spec.extra_text_cols, *spec.keep_cols, *([id_col] if id_col else [])]))
-        reader = _ParquetBlocks(path, pf, spec, prefix, file, id_col, wanted)
-        yield from reader.batches(start, stop, cuts)
+        reader = _ParquetBlocks(path, pf, spec, prefix, part.file, id_col, wanted)
+        yield from reader.batches(part.start, part.stop, part.cuts)
 
 
 class _ParquetBlocks:

@@ -67,6 +67,21 @@ class ReadPoint:
 
 
 @dataclass(frozen=True)
+class FilePart:
+    """What a reader reads of one input file: the file's index in the run's inputs, where to start and stop
+    (`ReadPoint`s, None: its start and end) and where a batch must end (`cuts`: byte offsets of a text file,
+    rows of a Parquet one; see `embedcli.run.grid`)."""
+
+    file: int = 0
+    start: ReadPoint | None = None
+    stop: ReadPoint | None = None
+    cuts: tuple[int, ...] = ()
+
+
+WHOLE = FilePart()
+
+
+@dataclass(frozen=True)
 class Carried:
     """A block, file or row group whose rows are taken over from the previous output without reading it."""
 

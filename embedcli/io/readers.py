@@ -32,6 +32,7 @@ from embedcli.io.positions import (
     UNIT_PIECE,
     Block,
     Carried,
+    FilePart,
     ReadPoint,
     digest,
     identity,
@@ -304,14 +305,14 @@ class InputReader:
         prefix = self.prefixes[path]
         if skip and here is None:  # inside a file once carried whole, now read: its first `skip` rows dropped
             return _after(self._read_file(f, path, fmt, None, until, cuts), skip)
-        kw: dict[str, Any] = {"file": f, "start": here, "stop": until, "cuts": cuts}
+        part = FilePart(f, here, until, tuple(cuts))
         if fmt == "jsonl":
-            return read_jsonl(path, self.spec, prefix, **kw)
+            return read_jsonl(path, self.spec, prefix, part)
         if fmt == "parquet":
-            return read_parquet(path, self.spec, prefix, **kw)
+            return read_parquet(path, self.spec, prefix, part)
         if fmt in ("csv", "tsv"):
-            return read_delimited(path, self.spec, prefix, fmt, **kw)
-        return read_txt(path, self.spec, prefix, **kw)
+            return read_delimited(path, self.spec, prefix, fmt, part)
+        return read_txt(path, self.spec, prefix, part)
 
     def _carried_file(
         self, f: int, path: str, found: tuple[int, int, Any], skip: int, until: ReadPoint | None, cut_at_end: bool

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pyarrow as pa
 
 from embedcli.io.line_blocks import LineFormat, read_line_blocks
-from embedcli.io.positions import ReadPoint
+from embedcli.io.positions import WHOLE, FilePart
 from embedcli.io.reader_base import BatchBuilder, InputBatch, ReadSpec, utf8_error
 
 
@@ -15,11 +15,7 @@ def read_txt(
     path: str,
     spec: ReadSpec,
     prefix: str,
-    *,
-    file: int = 0,
-    start: ReadPoint | None = None,
-    stop: ReadPoint | None = None,
-    cuts: Sequence[int] = (),
+    part: FilePart = WHOLE,
 ) -> Iterator[InputBatch]:
     spec.fix_id_type(path, pa.string(), "plain-text ids are file:line")
 
@@ -38,5 +34,5 @@ def read_txt(
         types = spec.context()
         return None if types is None else f"txt\x00{prefix}\x00{types}"
 
-    fmt = LineFormat(parse, context, dict, lambda: BatchBuilder(path, spec, file))
-    yield from read_line_blocks(path, spec, fmt, file=file, start=start, stop=stop, cuts=cuts, idle=True)
+    fmt = LineFormat(parse, context, dict, lambda: BatchBuilder(path, spec, part.file))
+    yield from read_line_blocks(path, spec, fmt, part, idle=True)
