@@ -292,7 +292,7 @@ class LanceVectors:
         wanted = np.unique(rows)
         if not len(wanted):
             return pa.schema([self.schema.field(c) for c in columns]).empty_table()
-        found = self.table.take_row_ids(self._row_ids[wanted].tolist()).select([*columns]).with_row_id(True).to_arrow()
+        found = self.table.take_row_ids(self._row_ids[wanted].tolist()).select([*columns]).with_row_id().to_arrow()
         order = np.argsort(found.column("_rowid").to_numpy().astype(np.uint64), kind="stable")
         by_id = found.take(pa.array(order)).select(columns)
         sorted_ids = np.sort(self._row_ids[wanted])
