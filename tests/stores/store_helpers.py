@@ -203,10 +203,11 @@ def read_back(url: str) -> dict[Any, dict[str, Any]]:
 def expected_rows(c: Corpus, precision: str = "float32", dims: int = DIMS) -> dict[Any, dict[str, Any]]:
     """What a store holding corpus `c` reads back as (see `read_back`), computed without the store."""
     vecs = vectors(c.texts, precision, dims)
-    keys = c.keys()
+    raw = c.keys().tobytes()  # bytes(key) of a numpy S16 would drop trailing NULs
+    keys = [raw[i * 16 : (i + 1) * 16] for i in range(len(c))]
     kept = c.kept.to_pylist() if c.kept.num_columns else [{} for _ in c.ids]
     return {
-        rid: {"embedding": vecs[i], "key": bytes(keys[i]), **kept[i]}
+        rid: {"embedding": vecs[i], "key": keys[i], **kept[i]}
         for i, rid in enumerate(c.ids)
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -135,3 +136,20 @@ def test_abort_drops_what_was_not_committed(url: Callable[..., str]) -> None:
     finally:
         store.close()
     assert_same(read_back(target), expected_rows(c.slice(0, 4)))
+
+
+def test_keys_ending_in_zero_bytes_come_back_whole(url: Callable[..., str]) -> None:
+    from tests.stores.store_helpers import output_table
+
+    target, c = url(), corpus(3)
+    keys = np.array([b"\x01" * 15 + b"\x00", b"\x02" * 8 + b"\x00" * 8, b"\x00" * 16], dtype="S16")
+    store = open_store(target)
+    try:
+        store.begin(store_schema(c), provenance())
+        store.write(output_table(c), keys)
+        store.commit(ResumePoint("job", 3))
+        (_ids, got), = list(store.present())
+    finally:
+        store.close()
+    assert got.tobytes() == keys.tobytes()
+    assert sorted(r["key"] for r in read_back(target).values()) == sorted(keys.tobytes()[i * 16 : (i + 1) * 16] for i in range(3))

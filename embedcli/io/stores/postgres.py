@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from embedcli.errors import OutputError, UsageError
 from embedcli.io.manifest import KEY_CONFIG_KEY
+from embedcli.io.shards import KEY_WIDTH
 from embedcli.io.stores.base import KEY_COLUMN, ResumePoint, StoreSchema
 from embedcli.io.stores.pgtypes import OID, PgColumn, encode_vectors, pg_column, vector_ddl
 from embedcli.io.stores.url import PostgresTarget
@@ -294,7 +295,7 @@ class PostgresStore:
             cur.execute(self._sql("SELECT id, {key} FROM {table}", key=self._ident(KEY_COLUMN), table=self._table))
             while rows := cur.fetchmany(block_rows):
                 ids = pa.array([r[0] for r in rows], type=id_type)
-                keys = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="S16").copy()
+                keys = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=f"S{KEY_WIDTH}").copy()
                 yield ids, keys
 
     # -- writing ----------------------------------------------------------------------------------
@@ -336,7 +337,8 @@ class PostgresStore:
                 self.display, f"row id {rows.column('id')[int(bad)].as_py()!r}: its vector has NaN or infinite "
                 "values, which pgvector does not store",
             ) from None
-        key_values = [bytes(k) for k in keys]
+        raw = np.ascontiguousarray(keys, dtype=f"S{KEY_WIDTH}").tobytes()  # bytes(k) would drop trailing NULs
+        key_values = [raw[i * KEY_WIDTH : (i + 1) * KEY_WIDTH] for i in range(len(keys))]
         values: list[list[Any]] = []
         for c in self._columns:
             if c.name == schema.vector_column:
