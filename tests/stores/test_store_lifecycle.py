@@ -181,3 +181,19 @@ def test_a_table_embedcli_did_not_make_is_refused_unless_replaced(url: Callable[
         store.close()
     sync(target, corpus(4), replace=True)
     assert_same(read_back(target), expected_rows(corpus(4)))
+
+
+def test_postgres_connection_from_the_pg_environment(pg_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PGHOST", str(pg_server.socket))
+    monkeypatch.setenv("PGUSER", "postgres")
+    monkeypatch.setenv("PGDATABASE", "embedcli")
+    target = "postgresql:///?table=from_env"
+    sync(target, corpus(5))
+    assert_same(read_back(target), expected_rows(corpus(5)))
+
+
+def test_postgres_unreachable_is_an_output_error_without_the_password() -> None:
+    pytest.importorskip("psycopg")
+    with pytest.raises(OutputError, match="cannot connect to Postgres") as e:
+        open_store("postgresql://me:hunter2@/db?host=/nonexistent-socket-dir&table=t")
+    assert "hunter2" not in str(e.value) and "PGHOST" in str(e.value)
