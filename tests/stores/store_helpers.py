@@ -15,7 +15,7 @@ import pyarrow as pa
 from embedcli.io.manifest import KEY_CONFIG_KEY
 from embedcli.io.shards import row_keys
 from embedcli.io.stores import ResumePoint, StoreSchema, open_store
-from embedcli.io.stores.present import PresentRows
+from embedcli.io.stores.present import PresentRows, store_keys
 from embedcli.io.vectors import embedding_array
 
 DIMS = 12
@@ -37,10 +37,12 @@ class Corpus:
         return Corpus(self.ids[start:stop], self.texts[start:stop], self.kept.slice(start, stop - start), self.id_type)
 
     def keys(self) -> np.ndarray:
-        return row_keys([str(i) for i in self.ids], self.texts)
+        return store_keys(row_keys([str(i) for i in self.ids], self.texts), self.kept)
 
     def job(self) -> str:
-        return hashlib.sha256(json.dumps([list(map(str, self.ids)), self.texts]).encode()).hexdigest()[:16]
+        """The job key: the whole input (as a run's input fingerprints are)."""
+        payload = [list(map(str, self.ids)), self.texts, self.kept.to_pylist()]
+        return hashlib.sha256(json.dumps(payload, default=repr).encode()).hexdigest()[:16]
 
 
 def corpus(n: int, start: int = 0, id_type: pa.DataType | None = None, kept: pa.Table | None = None) -> Corpus:

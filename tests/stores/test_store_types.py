@@ -13,6 +13,7 @@ import pytest
 from embedcli.errors import EXIT_USAGE, UsageError
 from embedcli.io.stores import open_store
 from tests.stores.store_helpers import (
+    Corpus,
     assert_same,
     corpus,
     expected_rows,
@@ -53,6 +54,18 @@ def test_kept_columns_and_ids_round_trip(
     c = corpus(25, id_type=id_type, kept=kept_table(25))
     sync(url, c, batch=6)
     assert_same(read_back(url), expected_rows(c))
+
+
+@pytest.mark.parametrize("kind", ["lance", "postgres"])
+def test_a_changed_kept_value_is_written_again(kind: str, pg_url: Callable[..., str], lance_url: Callable[[], str]) -> None:
+    url = pg_url() if kind == "postgres" else lance_url()
+    c = corpus(20, kept=kept_table(20))
+    sync(url, c)
+    titles = c.kept.column("title").to_pylist()
+    titles[3], titles[4], titles[11] = "new title", None, "another"
+    changed = Corpus(c.ids, c.texts, c.kept.set_column(c.kept.column_names.index("title"), "title", pa.array(titles)))
+    assert sync(url, changed).computed == 3
+    assert_same(read_back(url), expected_rows(changed))
 
 
 @pytest.mark.parametrize("kind", ["lance", "postgres"])

@@ -3,6 +3,8 @@ there), and which stored ids the input no longer has (to delete)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 
 import numpy as np
@@ -46,3 +48,18 @@ class PresentRows:
     def gone(self) -> pa.Array:
         """The stored ids no `match` call has named: rows the input no longer has."""
         return self.ids.filter(pa.array(~self.seen))
+
+
+def store_keys(keys: np.ndarray, kept: pa.Table | None) -> np.ndarray:
+    """The key a store keeps per row: the row key (id and texts, `embedcli.io.shards.row_keys`) with the kept
+    columns' values folded in, so a row whose kept value changed is written again (a store cannot carry a
+    vector over the way a file output does: the row is recomputed). No kept columns: the row keys as they are."""
+    if kept is None or not kept.num_columns:
+        return keys
+    raw = np.ascontiguousarray(keys, dtype=f"S{KEY_WIDTH}").tobytes()
+    out = np.empty(len(keys), dtype=f"S{KEY_WIDTH}")
+    for i, row in enumerate(kept.to_pylist()):
+        h = hashlib.blake2b(raw[i * KEY_WIDTH : (i + 1) * KEY_WIDTH], digest_size=KEY_WIDTH)
+        h.update(json.dumps(row, sort_keys=True, default=repr, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        out[i] = h.digest()
+    return out
