@@ -75,6 +75,19 @@ class OutputOptions:
     stats_file: str | None = None
 
 
+@dataclass(frozen=True)
+class Computation:
+    """What a compute command runs, decided before any input is read: the runner's recipe, the codec of its
+    rows, the provenance keys the command adds, and what the codec takes from the built runner (`loaded`).
+
+    The command runs it as a `Job` over files; `embedcli.Embedder` runs the same over in-memory batches."""
+
+    recipe: RunnerRecipe
+    codec: Any
+    extra: dict[str, Any]
+    loaded: Callable[[Runner], None] | None = None
+
+
 def load_spec(choice: ModelChoice) -> ModelSpec:
     """The model's resolved spec (reads configs and hashes the weight files once; loads no weights)."""
     return load_model_spec(
