@@ -118,8 +118,7 @@ def run_embed(
     job = make_job(BatchSource(inputs), engine, codec, meta, output, flags)
     if quant.precision == "float32":
         return run_job(job)
-    if quant.ranges is not None and quant.ranges.shape[1] != width:
-        raise UsageError(f"--calibration {embed.calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
+    check_calibration_width(quant, embed.calibration, width)
     return run_quantized(job, quant)
 
 
@@ -207,6 +206,13 @@ def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None
         m = embedding_matrix(rb.column(0))
         if len(m):
             ranges, rows = merge_ranges(ranges, ranges_of(m)), rows + len(m)
+    calibrate_on_output(quant, ranges, rows)
+    if rows and rows < 100 and not quiet:
+        print(f"embedcli: {quant.precision} ranges computed from only {rows} embeddings", file=sys.stderr)
+
+
+def calibrate_on_output(quant: Quantizer, ranges: np.ndarray | None, rows: int) -> None:
+    """Set `quant`'s ranges to the whole output's (`ranges` of its `rows` embeddings): one embedding has none."""
     if rows == 1:
         raise UsageError(
             f"--precision {quant.precision}: ranges cannot be computed from a single embedding; "
@@ -214,8 +220,12 @@ def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None
         )
     if ranges is not None:
         quant.ranges, quant.calibration = ranges, "output"
-    if rows and rows < 100 and not quiet:
-        print(f"embedcli: {quant.precision} ranges computed from only {rows} embeddings", file=sys.stderr)
+
+
+def check_calibration_width(quant: Quantizer, calibration: str | None, width: int) -> None:
+    """UsageError when `--calibration`'s ranges are not as wide as the output's vectors."""
+    if quant.ranges is not None and quant.ranges.shape[1] != width:
+        raise UsageError(f"--calibration {calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
 
 
 def _quantize_spool(spool: str, job: Job, quant: Quantizer, out: WholeOutput | None) -> None:

@@ -418,6 +418,12 @@ def rank_documents(runner: Runner, scorer: PairScorer, batches: Iterable[Any], q
             progress.update(n, runner.stats.tokens)
 
 
+def ranked_tables(docs: Documents, query_ids: list[str], keepers: list[TopN]) -> list[Any]:
+    """The ranked rows of each query (its kept best, best first); one empty table for no queries."""
+    tables = [docs.table(q_id, *keeper.result()) for q_id, keeper in zip(query_ids, keepers, strict=True)]
+    return tables or [docs.empty()]
+
+
 def run_rerank(
     inputs: InputOptions, choice: ModelChoice, opts: RerankOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
@@ -473,8 +479,7 @@ def run_rerank(
         progress.close()
         report.progress = None
     t0 = time.perf_counter()
-    tables = [docs.table(q_id, *keeper.result()) for (q_id, _), keeper in zip(queries, keepers, strict=True)]
-    out.publish(tables or [docs.empty()])
+    out.publish(ranked_tables(docs, [q for q, _ in queries], keepers))
     report.seconds["write"] = time.perf_counter() - t0
     _rerank_stats(output, runner, report)
     return EXIT_OK

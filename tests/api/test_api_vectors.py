@@ -1,0 +1,175 @@
+"""`Embedder.embed`, `classify`, `token_embed` and `sparse_embed` equal their CLI commands run on a file of the
+same texts: float32 within 1e-6, the same labels, token ids and indices, in input order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.api.checks import assert_rows_equal, matrix, read_output, write_rows
+from tests.fixtures.tiny_models import LONG_TEXT
+
+TEXTS = [
+    "The bank raised interest rates again.",
+    "  the striker scored twice in the cup final  ",
+    "",
+    "Café owners said ünïcode prices rose 2%!",
+    LONG_TEXT,
+    "zzz",
+]
+PAIRS = [
+    ("the quick brown fox jumps over the lazy dog", "a dog is sleeping"),
+    ("market shares rise after bank talks", "the bank deal"),
+    (LONG_TEXT, "the film won an award"),
+    ("hello", LONG_TEXT),
+    ("zzz", ""),
+]
+
+
+def _file(tmp_path: Path, texts: list[str] = TEXTS) -> Path:
+    return write_rows(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+
+
+# (model, Embedder(...) arguments, embed(...) arguments, the same as CLI flags)
+EMBED_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], tuple[str, ...]]] = {
+    "minilm": ("minilm", {}, {}, ()),
+    "minilm-options": ("minilm", {"max_length": 16}, {"normalize": False, "dimensions": 128, "truncation_side": "left",
+                                                       "strip": True, "prompt": "passage: "},
+                       ("--max-length", "16", "--no-normalize", "--dimensions", "128", "--truncation-side", "left",
+                        "--strip", "--prompt", "passage: ")),
+    "minilm-chunk": ("minilm", {"max_length": 16}, {"long_inputs": "chunk"}, ("--max-length", "16", "--long-inputs", "chunk")),
+    "minilm-int8": ("minilm", {}, {"precision": "int8"}, ("--precision", "int8")),
+    "minilm-ubinary": ("minilm", {}, {"precision": "ubinary"}, ("--precision", "ubinary")),
+    "prompted-query": ("prompted", {}, {"prompt_name": "query"}, ("--prompt-name", "query")),
+    "prompted-ctor": ("prompted", {"prompt_name": "document"}, {}, ("--prompt-name", "document")),
+    "static": ("static", {}, {}, ()),
+    "static-dimensions": ("static", {}, {"dimensions": 8}, ("--dimensions", "8")),
+}
+
+
+@pytest.mark.parametrize("case", list(EMBED_CASES))
+def test_embed_equals_cli(case: str, api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from embedcli import Embedder
+
+    name, ctor, kwargs, flags = EMBED_CASES[case]
+    folder = api_model(name)
+    cli("embed", _file(tmp_path), "-m", folder, "-o", tmp_path / "out.parquet", "-q", *flags)
+    table = read_output(tmp_path / "out.parquet")
+    assert table.column("id").to_pylist() == list(range(len(TEXTS)))
+    want = matrix(table.column("embedding"))
+    got = Embedder(str(folder), device="cpu", dtype="float32", **ctor).embed(TEXTS, **kwargs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.abs(got.astype(np.float64) - want).max() <= (0 if got.dtype != np.float32 else 1e-6)
+    assert np.ptp(want.astype(np.float64), axis=0).max() > 1e-3  # the rows differ: equal constants would pass too
+
+
+def test_embed_with_dtype_auto_equals_cli(api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The dtype policy `auto` (the parity probe, its decision cached) resolves as the CLI's does."""
+    from embedcli import Embedder
+
+    folder = api_model("prompted")
+    cli("embed", _file(tmp_path), "-m", folder, "--dtype", "auto", "-o", tmp_path / "out.parquet", "-q")
+    table = read_output(tmp_path / "out.parquet")
+    got = Embedder(str(folder), device="cpu").embed(TEXTS)
+    assert np.abs(got - matrix(table.column("embedding"))).max() <= 1e-6
+
+
+def test_one_text_gives_one_vector(api_model: Callable[[str], Path]) -> None:
+    from embedcli import Embedder
+
+    embedder = Embedder(str(api_model("static")))
+    one = embedder.embed("zzz")
+    assert one.shape == (16,)
+    assert np.array_equal(one, embedder.embed(["zzz"])[0])
+
+
+# (model, classify(...) arguments, the same as CLI flags, pairs?)
+CLASSIFY_CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...], bool]] = {
+    "topics": ("topics", {}, (), False),
+    "topics-top-k": ("topics", {"top_k": 3, "all_scores": True}, ("--top-k", "3", "--all-scores"), False),
+    "topics-sigmoid": ("topics", {"activation": "sigmoid", "logit_mean": 0.5, "logit_sigma": 2.0, "strip": True},
+                       ("--activation", "sigmoid", "--logit-mean", "0.5", "--logit-sigma", "2", "--strip"), False),
+    "multi-label": ("multi-label", {"all_scores": True}, ("--all-scores",), False),
+    "nli-pairs": ("nli", {"all_scores": True}, ("--all-scores",), True),
+    "nli-pairs-softmax": ("nli", {"activation": "softmax", "top_k": 2}, ("--activation", "softmax", "--top-k", "2"),
+                          True),
+    "cross-encoder-one-label": ("cross-encoder", {}, (), False),
+}
+
+
+@pytest.mark.parametrize("case", list(CLASSIFY_CASES))
+def test_classify_equals_cli(case: str, api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from embedcli import Embedder
+
+    name, kwargs, flags, pairs = CLASSIFY_CASES[case]
+    folder = api_model(name)
+    if pairs:
+        src = write_rows(tmp_path / "in.jsonl", [{"id": i, "text": a, "second": b} for i, (a, b) in enumerate(PAIRS)])
+        flags = (*flags, "--pair-col", "second")
+    else:
+        src = _file(tmp_path)
+    cli("classify", src, "-m", folder, "-o", tmp_path / "out.parquet", "-q", *flags)
+    want = read_output(tmp_path / "out.parquet").drop_columns(["id"])
+    got = Embedder(str(folder), device="cpu", dtype="float32").classify(PAIRS if pairs else TEXTS, **kwargs)
+    assert_rows_equal(got, want, close=("score", "top_scores", "scores"))
+    assert len(set(want.column("score").to_pylist())) > 1
+
+
+# (model, token_embed(...) arguments, the same as CLI flags)
+TOKEN_CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    "colbert-document": ("colbert", {}, ()),
+    "colbert-query": ("colbert", {"role": "query"}, ("--role", "query")),
+    "colbert-document-raw": ("colbert", {"role": "document", "normalize": False}, ("--role", "document", "--no-normalize")),
+    "bert": ("prompted", {}, ()),
+    "bert-keep-special": ("prompted", {"keep_special": True, "truncation_side": "left"},
+                          ("--keep-special", "--truncation-side", "left")),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_CASES))
+def test_token_embed_equals_cli(case: str, api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from embedcli import Embedder
+
+    name, kwargs, flags = TOKEN_CASES[case]
+    folder = api_model(name)
+    cli("token-embed", _file(tmp_path), "-m", folder, "-o", tmp_path / "out.parquet", "-q", *flags)
+    want = read_output(tmp_path / "out.parquet").drop_columns(["id"])
+    got = Embedder(str(folder), device="cpu", dtype="float32").token_embed(TEXTS, **kwargs)
+    assert_rows_equal(got, want, close=("embeddings",))
+
+
+SPARSE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "default": ({}, ()),
+    "tokens-top-k": ({"with_tokens": True, "top_k": 5}, ("--with-tokens", "--sparse-top-k", "5")),
+    "prompt": ({"prompt": "query: ", "strip": True}, ("--prompt", "query: ", "--strip")),
+}
+
+
+@pytest.mark.parametrize("case", list(SPARSE_CASES))
+def test_sparse_embed_equals_cli(case: str, api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from embedcli import Embedder
+
+    kwargs, flags = SPARSE_CASES[case]
+    folder = api_model("splade")
+    cli("sparse-embed", _file(tmp_path), "-m", folder, "-o", tmp_path / "out.parquet", "-q", *flags)
+    want = read_output(tmp_path / "out.parquet").drop_columns(["id"])
+    got = Embedder(str(folder), device="cpu", dtype="float32").sparse_embed(TEXTS, **kwargs)
+    assert_rows_equal(got, want, close=("values",))
+    assert sum(len(v) for v in want.column("values").to_pylist()) > 0
+
+
+def test_ragged_gives_each_rows_arrays(api_model: Callable[[str], Path]) -> None:
+    from embedcli import Embedder
+    from embedcli.api import ragged
+
+    table = Embedder(str(api_model("colbert")), device="cpu", dtype="float32").token_embed(TEXTS[:3], role="query")
+    vectors, ids = ragged(table.column("embeddings")), ragged(table.column("token_ids"))
+    assert [v.shape for v in vectors] == [(len(i), 12) for i in ids]
+    assert [v.tolist() for v in vectors] == [[list(map(float, t)) for t in row] for row in table.column("embeddings").to_pylist()]
+    assert [i.tolist() for i in ids] == table.column("token_ids").to_pylist()
+    sliced = ragged(table.column("embeddings").combine_chunks().slice(1, 2))
+    assert [v.tolist() for v in sliced] == [v.tolist() for v in vectors[1:]]
