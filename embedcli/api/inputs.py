@@ -52,9 +52,12 @@ def pairs_of(items: Iterable[Any], what: str = "texts") -> tuple[list[str], list
         return values, None
     firsts, seconds = [], []
     for i, v in enumerate(values):
-        if isinstance(v, str) or not isinstance(v, Sequence) or len(v) != 2:
-            raise UsageError(f"{what}[{i}] is {type(v).__name__}: give texts (str) or text pairs (2-tuples of str), "
-                             "not a mix")
+        if not isinstance(v, (tuple, list)):
+            _check_str(v, f"{what}[{i}]")  # a text among pairs, or not a text at all
+            raise UsageError(f"{what}[{i}] is a text among text pairs: give texts (str) or text pairs "
+                             "(2-tuples of str), not a mix")
+        if len(v) != 2:
+            raise UsageError(f"{what}[{i}] is a {type(v).__name__} of {len(v)}: a text pair is 2 texts (first, second)")
         firsts.append(_check_str(v[0], f"{what}[{i}][0]"))
         seconds.append(_check_str(v[1], f"{what}[{i}][1]"))
     return firsts, seconds
@@ -77,6 +80,17 @@ def ids_of(ids: Iterable[Any] | None, n: int, what: str = "ids") -> tuple[list[s
     if not any(ints):
         return values, pa.string()
     raise UsageError(f"{what}: a mix of str and int ids; give them one type")
+
+
+def query_ids_of(queries: str | Sequence[str], query_ids: Iterable[str] | None, n: int) -> list[str]:
+    """The ids of `n` queries: `query_ids` (one str each), else 'query' for one query text (as `--query`), else
+    their positions."""
+    if query_ids is None:
+        return ["query"] if isinstance(queries, str) else [str(i) for i in range(n)]
+    given = texts_of(query_ids, "query_ids")
+    if len(given) != n:
+        raise UsageError(f"query_ids: {len(given)} ids for {n} queries; give one id per query")
+    return given
 
 
 def memory_batch(

@@ -30,8 +30,7 @@ from embedcli.run.source import BatchSource, InputOptions, check_head, empty_bat
 from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput
 from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
-from embedcli.tasks.m3 import HybridCodec, HybridRequest, check_hybrid, hybrid_recipe, output_format
-from embedcli.tasks.m3_rules import m3_extra
+from embedcli.tasks.m3 import HybridRequest, check_hybrid, hybrid_computation, output_format
 
 SPOOL_SUFFIX = ".embedcli-float32.parquet"
 
@@ -132,10 +131,9 @@ def run_hybrid(
     )
     check_hybrid(spec, request, precision=embed.precision, dimensions=embed.dimensions, normalize=embed.normalize,
                  calibration=embed.calibration, fmt=output_format(output.path, output.fmt))
-    recipe = hybrid_recipe(spec, choice, request)
-    engine, meta, _ = planned_engine(recipe, flags, {"outputs": list(embed.outputs), **m3_extra(spec)})
-    codec = HybridCodec(embed.outputs, spec.embedding_size, spec.hidden_size, tuple(inputs.keep_cols))
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    work = hybrid_computation(spec, choice, request, tuple(inputs.keep_cols))
+    engine, meta, _ = planned_engine(work.recipe, flags, work.extra)
+    return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))
 
 
 def run_quantized(job: Job, quant: Quantizer) -> int:

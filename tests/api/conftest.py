@@ -46,7 +46,8 @@ def api_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPa
     labels (CrossEncoder layout); topics: four labels (transformers layout, softmax); multi-label: three labels,
     sigmoid each; llm-reranker: a tiny Qwen3 saved by CrossEncoder (LogitScore, its pair prompt); qwen3: the plain
     causal LM (scored with the reranker flags); colbert: PyLate's layout; splade: a SparseEncoder (MLM + max
-    pooling); prompted: a sentence-transformers model with query/document prompts; static: a model2vec model.
+    pooling); prompted: a sentence-transformers model with query/document prompts; bge-m3: BAAI/bge-m3's layout
+    (dense, lexical weights and colbert heads); static: a model2vec model.
     """
     root = tmp_path_factory.mktemp("api_models")
     built: dict[str, Path] = {}
@@ -83,6 +84,10 @@ def api_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPa
             return build_splade(folder)
         if name == "prompted":
             return _prompted(tiny_model("bert"), folder)
+        if name == "bge-m3":
+            from tests.fixtures.bge_m3 import build_bge_m3
+
+            return build_bge_m3(folder)
         if name == "static":
             from tests.fixtures.static_models import build_m2v
 

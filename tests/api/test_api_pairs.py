@@ -35,6 +35,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "colbert": ("colbert", {}, ()),
     "splade": ("splade", {}, ()),
     "bi-encoder": ("prompted", {}, ()),
+    "bge-m3": ("bge-m3", {}, ()),
 }
 
 
@@ -76,6 +77,16 @@ def test_score_options_equal_cli(api_model: Callable[[str], Path], cli, tmp_path
     assert (want < 0).any() or (want > 1).any()  # raw logits, not probabilities
     with pytest.raises(LongInputError, match=r"texts row 2 \(id '2'\) has \d+ tokens, more than the model's max length 128"):
         embedder.score(LEFTS, [*RIGHTS[:2], LONG_TEXT * 2, *RIGHTS[3:]], long_inputs="error")
+
+
+def test_m3_weights_equal_cli(api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    embedder, folder, _ = _embedder(api_model, "bge-m3")
+    src = write_rows(tmp_path / "pairs.jsonl", [{"id": i, "left": a, "right": b} for i, (a, b) in enumerate(zip(LEFTS, RIGHTS, strict=True))])
+    cli("score", src, "-m", folder, "--method", "m3", "--weights", "0.4,0.2,0.4", "-o", tmp_path / "out.parquet", "-q")
+    want = read_output(tmp_path / "out.parquet").column("score").to_numpy()
+    got = embedder.score(LEFTS, RIGHTS, method="m3", weights=[0.4, 0.2, 0.4])
+    assert np.abs(got - want).max() <= 1e-6
+    assert np.abs(got - embedder.score(LEFTS, RIGHTS, method="m3")).max() > 1e-4  # the weights count
 
 
 def test_every_left_against_one_right(api_model: Callable[[str], Path]) -> None:

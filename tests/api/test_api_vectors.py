@@ -46,6 +46,7 @@ EMBED_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], tuple[str, ...
     "minilm-ubinary": ("minilm", {}, {"precision": "ubinary"}, ("--precision", "ubinary")),
     "prompted-query": ("prompted", {}, {"prompt_name": "query"}, ("--prompt-name", "query")),
     "prompted-ctor": ("prompted", {"prompt_name": "document"}, {}, ("--prompt-name", "document")),
+    "bge-m3-dense": ("bge-m3", {}, {}, ()),
     "static": ("static", {}, {}, ()),
     "static-dimensions": ("static", {}, {"dimensions": 8}, ("--dimensions", "8")),
 }
@@ -125,6 +126,7 @@ TOKEN_CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "colbert-query": ("colbert", {"role": "query"}, ("--role", "query")),
     "colbert-document-raw": ("colbert", {"role": "document", "normalize": False}, ("--role", "document", "--no-normalize")),
     "bert": ("prompted", {}, ()),
+    "bge-m3-colbert": ("bge-m3", {}, ()),
     "bert-keep-special": ("prompted", {"keep_special": True, "truncation_side": "left"},
                           ("--keep-special", "--truncation-side", "left")),
 }
@@ -146,7 +148,20 @@ SPARSE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "default": ({}, ()),
     "tokens-top-k": ({"with_tokens": True, "top_k": 5}, ("--with-tokens", "--sparse-top-k", "5")),
     "prompt": ({"prompt": "query: ", "strip": True}, ("--prompt", "query: ", "--strip")),
+    "bge-m3": ({"with_tokens": True}, ("--with-tokens",)),
 }
+
+
+@pytest.mark.parametrize("outputs", [("dense", "sparse", "colbert"), ("colbert", "dense")])
+def test_hybrid_embed_equals_embed_outputs(outputs: tuple[str, ...], api_model: Callable[[str], Path], cli,  # type: ignore[no-untyped-def]
+                                           tmp_path: Path) -> None:
+    from embedcli import Embedder
+
+    folder = api_model("bge-m3")
+    cli("embed", _file(tmp_path), "-m", folder, "--outputs", ",".join(outputs), "-o", tmp_path / "out.parquet", "-q")
+    want = read_output(tmp_path / "out.parquet").drop_columns(["id"])
+    got = Embedder(str(folder), device="cpu", dtype="float32").hybrid_embed(TEXTS, outputs=outputs)
+    assert_rows_equal(got, want, close=("embedding", "values", "embeddings"))
 
 
 @pytest.mark.parametrize("case", list(SPARSE_CASES))
@@ -154,7 +169,7 @@ def test_sparse_embed_equals_cli(case: str, api_model: Callable[[str], Path], cl
     from embedcli import Embedder
 
     kwargs, flags = SPARSE_CASES[case]
-    folder = api_model("splade")
+    folder = api_model("bge-m3" if case == "bge-m3" else "splade")
     cli("sparse-embed", _file(tmp_path), "-m", folder, "-o", tmp_path / "out.parquet", "-q", *flags)
     want = read_output(tmp_path / "out.parquet").drop_columns(["id"])
     got = Embedder(str(folder), device="cpu", dtype="float32").sparse_embed(TEXTS, **kwargs)
