@@ -1,4 +1,5 @@
-"""`embed`, `hybrid_embed` (BGE-M3's `embed --outputs`), `token_embed` and `sparse_embed` over in-memory texts."""
+"""`embed`, `hybrid_embed` (BGE-M3's `embed --outputs`), `token_embed`, `token_classify` and `sparse_embed` over
+in-memory texts."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from embedcli.tasks.embed import calibrate_on_output, check_calibration_width
 from embedcli.tasks.m3 import HybridRequest, check_hybrid, hybrid_computation
 from embedcli.tasks.m3_rules import parse_outputs
 from embedcli.tasks.sparse import SparseOptions, check_sparse_options, sparse_computation
-from embedcli.tasks.tokens import TokenOptions, token_embed_computation
+from embedcli.tasks.tokens import TokenOptions, token_classify_computation, token_embed_computation
 
 
 class VectorMethods(Session):
-    """The commands that turn each text into vectors: one, per token, sparse, or BGE-M3's three at once."""
+    """The commands that turn each text into vectors (one, per token, sparse, or BGE-M3's three at once), and
+    per-token labels."""
 
     def embed(
         self,
@@ -93,6 +95,33 @@ class VectorMethods(Session):
             strip=strip, role=role,
         )
         work = token_embed_computation(self.spec, self.choice, opts)
+        return self._runners.rows(work, memory_batch(texts_of(texts)))
+
+    def token_classify(
+        self,
+        texts: str | Sequence[str],
+        *,
+        activation: str = "auto",
+        all_scores: bool = False,
+        logit_mean: float | None = None,
+        logit_sigma: float | None = None,
+        step_tag_id: int | None = None,
+        returned_token_ids: Sequence[int] | None = None,
+        keep_special: bool = False,
+        long_inputs: str = "truncate",
+        truncation_side: str = "right",
+        strip: bool = False,
+    ) -> Any:
+        """`embedcli token-classify`: a pyarrow Table `token_ids`, `labels` (list<string>), `scores`
+        (list<float32>)[, `probs`], one row per text (NER; step pooling with `step_tag_id`)."""
+        self._no_quantize("token_classify")
+        opts = TokenOptions(
+            keep_special=keep_special, step_tag_id=step_tag_id, activation=activation, all_scores=all_scores,
+            returned_token_ids=tuple(int(i) for i in returned_token_ids or ()) or None,
+            logit_mean=logit_mean, logit_sigma=logit_sigma, max_batch_tokens=self.max_batch_tokens,
+            long_inputs=long_inputs, truncation_side=truncation_side, strip=strip,
+        )
+        work = token_classify_computation(self.spec, self.choice, opts)
         return self._runners.rows(work, memory_batch(texts_of(texts)))
 
     def sparse_embed(

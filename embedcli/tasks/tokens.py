@@ -299,6 +299,23 @@ def run_token_embed(
     return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))
 
 
+def token_classify_computation(
+    spec: ModelSpec, choice: ModelChoice, opts: TokenOptions, keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `token-classify` on `spec` (usage errors before anything loads)."""
+    recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
+    names = list(spec.id2label)
+    if opts.returned_token_ids:
+        names = [names[j] for j in checked_label_columns(spec, opts)]
+    codec = TokenClassifyCodec(opts, np.asarray(names, dtype=object), keep_cols)
+    model_options = recipe.model_options
+    extra = {"activation": opts.activation, "labels": names, "keep_special": opts.keep_special,
+             "step_tag_id": opts.step_tag_id, "returned_token_ids": opts.returned_token_ids,
+             "all_scores": opts.all_scores, "logit_mean": model_options.logit_mean,
+             "logit_sigma": model_options.logit_sigma}
+    return Computation(recipe, codec, extra, codec.load)
+
+
 def run_token_classify(
     inputs: InputOptions, choice: ModelChoice, opts: TokenOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
@@ -306,20 +323,7 @@ def run_token_classify(
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
-    spec = load_spec(choice)
-    recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
-    names = list(spec.id2label)
-    if opts.returned_token_ids:
-        names = [names[j] for j in checked_label_columns(spec, opts)]
-    codec = TokenClassifyCodec(opts, np.asarray(names, dtype=object), tuple(inputs.keep_cols))
-    model_options = recipe.model_options
+    work = token_classify_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
     # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(
-        recipe, flags,
-        {"activation": opts.activation, "labels": names, "keep_special": opts.keep_special,
-         "step_tag_id": opts.step_tag_id, "returned_token_ids": opts.returned_token_ids,
-         "all_scores": opts.all_scores, "logit_mean": model_options.logit_mean,
-         "logit_sigma": model_options.logit_sigma},
-        loaded=codec.load,
-    )
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
+    return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))

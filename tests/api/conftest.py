@@ -14,9 +14,9 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "spec
 
 
 def _classifier(base: Path, folder: Path, labels: list[str], seed: int, *, cross_encoder: bool = False,
-                **config: Any) -> Path:
-    """A tiny BertForSequenceClassification on the tiny BERT's tokenizer; saved by sentence-transformers 6's
-    CrossEncoder (its layout: the activation in config_sentence_transformers.json) or by transformers."""
+                token: bool = False, **config: Any) -> Path:
+    """A tiny BertFor(Sequence|Token)Classification on the tiny BERT's tokenizer; saved by sentence-transformers
+    6's CrossEncoder (its layout: the activation in config_sentence_transformers.json) or by transformers."""
     import torch
     import transformers as tf
 
@@ -27,7 +27,8 @@ def _classifier(base: Path, folder: Path, labels: list[str], seed: int, *, cross
     cfg = tf.BertConfig(vocab_size=len(vocab), **ENCODER_KW, num_labels=len(labels),
                         id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)}, **config)
     plain = folder.with_name(folder.name + "-plain") if cross_encoder else folder
-    tf.BertForSequenceClassification(cfg).eval().save_pretrained(str(plain))
+    model_class = tf.BertForTokenClassification if token else tf.BertForSequenceClassification
+    model_class(cfg).eval().save_pretrained(str(plain))
     for name in TOKENIZER_FILES:
         if (base / name).is_file():
             (plain / name).write_bytes((base / name).read_bytes())
@@ -43,7 +44,7 @@ def api_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPa
     """`api_model(name) -> folder`, built once per session on first use.
 
     minilm: the packaged all-MiniLM-L6-v2; cross-encoder: one label (CrossEncoder layout, sigmoid); nli: three
-    labels (CrossEncoder layout); topics: four labels (transformers layout, softmax); multi-label: three labels,
+    labels (CrossEncoder layout); ner: a five-label token classifier; topics: four labels (transformers layout, softmax); multi-label: three labels,
     sigmoid each; llm-reranker: a tiny Qwen3 saved by CrossEncoder (LogitScore, its pair prompt); qwen3: the plain
     causal LM (scored with the reranker flags); colbert: PyLate's layout; splade: a SparseEncoder (MLM + max
     pooling); prompted: a sentence-transformers model with query/document prompts; bge-m3: BAAI/bge-m3's layout
@@ -65,6 +66,8 @@ def api_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPa
                                cross_encoder=True)
         if name == "topics":
             return _classifier(tiny_model("bert"), folder, ["world", "sports", "business", "tech"], 13)
+        if name == "ner":
+            return _classifier(tiny_model("bert"), folder, ["O", "B-PER", "I-PER", "B-ORG", "I-ORG"], 15, token=True)
         if name == "multi-label":
             return _classifier(tiny_model("bert"), folder, ["urgent", "finance", "people"], 14,
                                problem_type="multi_label_classification")

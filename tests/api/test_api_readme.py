@@ -1,5 +1,6 @@
 """The README's "From Python" block, run as written in a folder holding what it names (tiny checkpoints as
-./cross-encoder, ./topic-classifier, ./nli, ./colbert, ./splade, and vectors.parquet from `embedcli embed`)."""
+./cross-encoder, ./topic-classifier, ./nli, ./colbert, ./splade, ./ner, ./bge-m3, and vectors.parquet from
+`embedcli embed`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def readme_python_block() -> str:
 def test_readme_python_block_runs(api_model: Callable[[str], Path], cli, tmp_path: Path,  # type: ignore[no-untyped-def]
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     for link, name in (("cross-encoder", "cross-encoder"), ("topic-classifier", "topics"), ("nli", "nli"),
-                       ("colbert", "colbert"), ("splade", "splade")):
+                       ("colbert", "colbert"), ("splade", "splade"), ("ner", "ner"), ("bge-m3", "bge-m3")):
         (tmp_path / link).symlink_to(api_model(name), target_is_directory=True)
     docs = write_rows(tmp_path / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in
                                                 enumerate(["The striker scored.", "Bank shares fell.", "Rain."])])
@@ -45,5 +46,7 @@ def test_readme_python_block_runs(api_model: Callable[[str], Path], cli, tmp_pat
     assert scope["labels"].column_names == ["label", "score", "top_labels", "top_scores"]  # type: ignore[attr-defined]
     assert scope["nli"].column_names == ["label", "score", "scores"]  # type: ignore[attr-defined]
     assert scope["sparse"].column_names == ["indices", "values", "tokens"]  # type: ignore[attr-defined]
+    assert scope["tags"].column_names == ["token_ids", "labels", "scores"]  # type: ignore[attr-defined]
+    assert scope["m3"].column_names == ["embedding", "indices", "values", "token_ids", "embeddings"]  # type: ignore[attr-defined]
     query_vectors = scope["query_vectors"]
     assert isinstance(query_vectors, list) and query_vectors[0].ndim == 2 and query_vectors[0].shape[1] == 12

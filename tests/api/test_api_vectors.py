@@ -144,6 +144,38 @@ def test_token_embed_equals_cli(case: str, api_model: Callable[[str], Path], cli
     assert_rows_equal(got, want, close=("embeddings",))
 
 
+def _id_of(folder: Path, token: str) -> int:
+    import json
+
+    return int(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"][token])
+
+
+# token_classify(...) arguments and the same as CLI flags (`STEP`: the id of "the", a step tag here)
+TOKEN_CLASSIFY_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "default": ({}, ()),
+    "softmax-all-scores-special": ({"activation": "softmax", "all_scores": True, "keep_special": True},
+                                   ("--activation", "softmax", "--all-scores", "--keep-special")),
+    "step-tags-label-columns": ({"step_tag_id": "STEP", "returned_token_ids": [1, 3], "all_scores": True},
+                                ("--step-tag-id", "STEP", "--returned-token-ids", "1,3", "--all-scores")),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_CLASSIFY_CASES))
+def test_token_classify_equals_cli(case: str, api_model: Callable[[str], Path], cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from embedcli import Embedder
+
+    folder = api_model("ner")
+    step = _id_of(folder, "the")
+    kwargs, flags = TOKEN_CLASSIFY_CASES[case]
+    kwargs = {k: step if v == "STEP" else v for k, v in kwargs.items()}
+    cli("token-classify", _file(tmp_path), "-m", folder, "-o", tmp_path / "out.parquet", "-q",
+        *(str(step) if f == "STEP" else f for f in flags))
+    want = read_output(tmp_path / "out.parquet").drop_columns(["id"])
+    got = Embedder(str(folder), device="cpu", dtype="float32").token_classify(TEXTS, **kwargs)
+    assert_rows_equal(got, want, close=("scores", "probs"))
+    assert sum(len(v) for v in want.column("labels").to_pylist()) > 0
+
+
 SPARSE_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "default": ({}, ()),
     "tokens-top-k": ({"with_tokens": True, "top_k": 5}, ("--with-tokens", "--sparse-top-k", "5")),
