@@ -220,3 +220,35 @@ def test_ragged_gives_each_rows_arrays(api_model: Callable[[str], Path]) -> None
     assert [i.tolist() for i in ids] == table.column("token_ids").to_pylist()
     sliced = ragged(table.column("embeddings").combine_chunks().slice(1, 2))
     assert [v.tolist() for v in sliced] == [v.tolist() for v in vectors[1:]]
+
+
+def test_a_static_model_runs_without_torch(api_model: Callable[[str], Path]) -> None:
+    """As `embedcli embed` on a static model: numpy only, torch never imported (embed and search)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom embedcli import Embedder\n"
+        f"e = Embedder({str(api_model('static'))!r})\n"
+        "v = e.embed(['hello world', 'zzz'])\nassert e.search('hello', v, top_k=1).num_rows == 1\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_runners_of_one_model_share_its_loaded_weights(api_model: Callable[[str], Path]) -> None:
+    """A runner per recipe, built once; runners with the same load options share the loaded weights (cosine
+    scoring embeds as `embed` does: the same runner). token_embed's load options name its task (the dtype probe
+    is the task's), so it loads its own copy, as the CLI's token-embed does."""
+    from embedcli import Embedder
+
+    embedder = Embedder(str(api_model("prompted")), device="cpu", dtype="float32")
+    embedder.embed(TEXTS)
+    embedder.score("query", TEXTS)
+    embedder.embed(TEXTS, prompt_name="query")
+    embedder.embed(TEXTS[:2])
+    runners = [r for _, r in embedder._runners._runners]
+    assert len(runners) == 2 and runners[0].model is runners[1].model
+    embedder.token_embed(TEXTS)
+    assert len(embedder._runners._runners) == 3 and len(embedder._runners._models) == 2
