@@ -19,7 +19,6 @@ from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.models.spec import ModelSpec
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
@@ -32,8 +31,7 @@ from embedcli.tasks.common import (
     calibration,
     load_spec,
     located,
-    make_job,
-    planned_engine,
+    run_computation,
 )
 
 
@@ -142,6 +140,4 @@ def run_classify(
     source = BatchSource(inputs, pairs)
     check_head(source, flags)  # said before the model loads
     work = classify_computation(load_spec(choice), choice, opts, inputs.text_col, tuple(inputs.keep_cols))
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra)
-    return run_job(make_job(source, engine, work.codec, meta, output, flags))
+    return run_computation(source, work, output, flags)

@@ -29,7 +29,15 @@ from embedcli.run.sharding import shard_source
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput
-from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
+from embedcli.tasks.common import (
+    ModelChoice,
+    OutputOptions,
+    load_spec,
+    located,
+    make_job,
+    planned_engine,
+    run_computation,
+)
 from embedcli.tasks.m3 import HybridRequest, check_hybrid, hybrid_computation, output_format
 
 SPOOL_SUFFIX = ".embedcli-float32.parquet"
@@ -132,8 +140,7 @@ def run_hybrid(
     check_hybrid(spec, request, precision=embed.precision, dimensions=embed.dimensions, normalize=embed.normalize,
                  calibration=embed.calibration, fmt=output_format(output.path, output.fmt))
     work = hybrid_computation(spec, choice, request, tuple(inputs.keep_cols))
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra)
-    return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))
+    return run_computation(BatchSource(inputs), work, output, flags)
 
 
 def run_quantized(job: Job, quant: Quantizer) -> int:

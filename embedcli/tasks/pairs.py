@@ -21,7 +21,6 @@ from embedcli.io.reader_base import id_array
 from embedcli.io.readers import read_inputs
 from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.spec import ModelSpec
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Reporting, Target
 from embedcli.run.progress import Progress
@@ -47,8 +46,8 @@ from embedcli.tasks.common import (
     RowInputs,
     calibration,
     load_spec,
-    make_job,
     planned_engine,
+    run_computation,
     runner_recipe,
 )
 
@@ -276,9 +275,7 @@ def run_score(
     else:
         source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
     check_head(source, flags)  # said before the model loads
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
-    return run_job(make_job(source, engine, work.codec, meta, output, flags))
+    return run_computation(source, work, output, flags)
 
 
 # -- rerank --------------------------------------------------------------------------------------------

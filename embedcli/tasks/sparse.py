@@ -21,7 +21,6 @@ import pyarrow as pa
 from embedcli.compute.choice import embed_prompt, require_task
 from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, kept_columns
 from embedcli.run.target import check_target
@@ -32,8 +31,7 @@ from embedcli.tasks.common import (
     OutputOptions,
     load_spec,
     located,
-    make_job,
-    planned_engine,
+    run_computation,
     runner_recipe,
 )
 from embedcli.tasks.m3_rules import check_m3_sparse, m3_extra
@@ -153,6 +151,4 @@ def run_sparse_embed(
         raise UsageError("sparse-embed writes list columns (indices, values): use .parquet or .jsonl, not .npy")
     check_sparse_options(opts)  # before the model is resolved
     work = sparse_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
-    return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))
+    return run_computation(BatchSource(inputs), work, output, flags)

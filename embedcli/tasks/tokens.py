@@ -15,7 +15,6 @@ from embedcli.compute.options import RunnerOptions, TokenRows
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.models.spec import ModelSpec
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
@@ -27,8 +26,7 @@ from embedcli.tasks.common import (
     calibration,
     load_spec,
     located,
-    make_job,
-    planned_engine,
+    run_computation,
     runner_recipe,
 )
 from embedcli.tasks.m3_rules import check_m3_token_embed, m3_extra
@@ -294,9 +292,7 @@ def run_token_embed(
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
     work = token_embed_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
-    return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))
+    return run_computation(BatchSource(inputs), work, output, flags)
 
 
 def token_classify_computation(
@@ -324,6 +320,4 @@ def run_token_classify(
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
     work = token_classify_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
-    return run_job(make_job(BatchSource(inputs), engine, work.codec, meta, output, flags))
+    return run_computation(BatchSource(inputs), work, output, flags)
