@@ -184,7 +184,8 @@ def locate(url: str) -> Location:
     """The filesystem and path of an object URL (UsageError for a scheme that cannot be read)."""
     check_scheme(url)
     scheme = url_scheme(url)
-    assert scheme in OBJECT_SCHEMES, url
+    if scheme not in OBJECT_SCHEMES:  # a local path or file:// URL is the callers' own to read
+        raise ValueError(f"not an object-store URL: {url!r}")
     rest = url[url.index("://") + 3 :]
     bucket = rest.split("/", 1)[0]
     if not bucket or "/" not in rest.strip("/"):
