@@ -273,6 +273,10 @@ def expand_url(url: str) -> list[str]:
 
     segments = loc.path.split("/")
     first = next(i for i, s in enumerate(segments) if _GLOB.search(s))
+    # the bucket (hf://: the repo, ORG/NAME after datasets/ or spaces/, if any) is named, never matched
+    named = 1 if url_scheme(url) != "hf" else (3 if segments[0] in ("datasets", "spaces") else 2)
+    if first < named:
+        raise InputError(url, "a pattern matches objects, not buckets or repos", fix="name the bucket (repo) itself")
     base = "/".join(segments[:first])
     deep = len(segments) - first > 1 or "**" in segments[first:]
     regex = glob_regex(loc.path)

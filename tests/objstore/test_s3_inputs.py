@@ -170,12 +170,16 @@ def test_the_first_record_of_an_object_is_checked_before_the_model_is_looked_for
     assert url in result.stderr and "'body'" in result.stderr and "no-such-model" not in result.stderr
 
 
-@pytest.mark.parametrize("key, reason", [("in/missing.jsonl", "no such object"), ("in", "is a folder"),
-                                         ("in/*.csv", "no such object: the pattern matched no objects")])
+@pytest.mark.parametrize("key, reason", [
+    ("in/missing.jsonl", "no such object"), ("in", "is a folder"),
+    ("in/*.csv", "no such object: the pattern matched no objects"),
+    ("../bucket-*/in/*.jsonl", "a pattern matches objects, not buckets"),
+])
 def test_a_missing_object_a_prefix_or_an_empty_glob_is_an_input_error_naming_the_url(
     cli, st_model, bucket, s3_env, tmp_path, key, reason
 ):
     bucket.put("in/corpus.jsonl", jsonl(ROWS))
-    result = cli("embed", bucket.url(key), "-m", st_model, "-o", tmp_path / "v.parquet", code=1, env=s3_env)
-    assert f"{bucket.url(key)}: {reason}" in result.stderr
+    url = bucket.url(key) if not key.startswith("../") else f"s3://{key[3:]}"
+    result = cli("embed", url, "-m", st_model, "-o", tmp_path / "v.parquet", code=1, env=s3_env)
+    assert f"{url}: {reason}" in result.stderr
     assert not (tmp_path / "v.parquet").exists()

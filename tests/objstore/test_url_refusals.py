@@ -104,3 +104,17 @@ def test_a_file_url_input_reads_the_local_file_as_its_path_does(cli, st_model, c
     assert pq.read_table(tmp_path / "a.parquet").equals(pq.read_table(tmp_path / "b.parquet"))
     clobber = cli("embed", f"file://{corpus}", "-m", st_model, "-o", corpus, code=2)
     assert "would destroy the input" in clobber.stderr
+
+
+def test_a_scheme_whose_library_is_missing_here_is_refused_in_one_line(cli, st_model, tmp_path, monkeypatch):
+    from embedcli.io import location
+
+    def missing(scheme: str) -> None:
+        raise ImportError(f"no {scheme} here")
+
+    monkeypatch.setattr(location, "_filesystem_class", missing)
+    monkeypatch.chdir(tmp_path)
+    result = cli("embed", "gs://bucket/in.jsonl", "-m", st_model, "-o", "v.parquet", code=2)
+    assert result.stderr.strip() == ("embedcli: usage error: gs://bucket/in.jsonl: reading gs:// needs pyarrow built "
+                                     "with GCS support, which is not installed here")
+    assert os.listdir(tmp_path) == []
