@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from embedcli.compute.build import embed_recipe
 from embedcli.errors import UsageError
+from embedcli.io.location import refuse_url
 from embedcli.io.manifest import (
     index_sidecar,
     output_metadata,
@@ -107,6 +108,7 @@ def run_embed(
 ) -> int:
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
+    refuse_url("--calibration", embed.calibration, "a local file")
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run

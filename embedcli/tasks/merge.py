@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.errors import UsageError
+from embedcli.io.location import refuse_output_urls, refuse_url
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -86,7 +87,7 @@ def _input_options(meta: dict[str, str]) -> dict[str, Any]:
 
 def inspect_set(paths: Sequence[str]) -> dict[str, Any]:
     """A report on a set of shard outputs: each member's own report plus the set's completeness."""
-
+    refuse_output_urls("inspect", paths)
     members = expand_members(paths)
     report: dict[str, Any] = {"path": ", ".join(paths), "set": True, "members": [], "problems": [], "mixed": False}
     if not members:
@@ -188,6 +189,8 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
 
     UsageError when the set is incomplete or mixed (unless `force`, which still needs every member readable).
     """
+    refuse_url("-o", output, "a local path")
+    refuse_output_urls("merge", paths)
 
 
     report = inspect_set(paths)

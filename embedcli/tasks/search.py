@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embedcli.compute.build import RunnerRecipe, build_engine
 from embedcli.compute.options import RunnerOptions
 from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
+from embedcli.io.location import is_object_file, is_url, local_path
 from embedcli.io.manifest import output_metadata
+from embedcli.io.parquet_source import read_schema, schema_metadata
 from embedcli.io.writers import output_format
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.quantize import output_width
@@ -75,15 +76,19 @@ class VectorsProvenance:
     @classmethod
     def read(cls, path: str) -> VectorsProvenance:
         """The provenance of an `embedcli embed` Parquet output; UsageError when it is not one."""
-        if os.path.isdir(path):
+        path = local_path(path)  # file:///abs/v.parquet is the local file
+        if is_url(path):
+            if not is_object_file(path):
+                raise UsageError(f"{path}: no such vectors object; search reads one Parquet object")
+        elif os.path.isdir(path):
             raise UsageError(f"{path}: search reads one Parquet file; join a shard directory first (embedcli merge)")
-        if not os.path.isfile(path):
+        elif not os.path.isfile(path):
             raise UsageError(f"{path}: no such vectors file")
         try:
-            schema = pq.read_schema(path)
+            schema = read_schema(path)
         except (pa.ArrowException, OSError) as e:
             raise UsageError(f"{path}: not a Parquet file ({e}); search reads the Parquet output of embedcli embed") from e
-        meta = output_metadata(path, "parquet") or {}
+        meta = (output_metadata(path, "parquet") if not is_url(path) else schema_metadata(schema)) or {}
         if "embedcli.config" not in meta or "embedcli.model" not in meta:
             raise UsageError(f"{path}: no embedcli provenance (embedcli.model, embedcli.config); "
                              "search reads vectors written by embedcli embed")
@@ -221,7 +226,7 @@ def check_search_options(opts: SearchOptions) -> None:
 
 def check_kept(prov: VectorsProvenance, keep_cols: list[str]) -> None:
     """UsageError naming the `--keep-cols` columns the vectors file does not have."""
-    names = pq.read_schema(prov.path).names
+    names = read_schema(prov.path).names
     missing = [c for c in keep_cols if c not in names]
     if missing:
         raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
@@ -256,7 +261,7 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
         "embedcli.config": config_json,
         "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
         KEY_SEARCH: json.dumps({
-            "vectors": os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
+            "vectors": prov.path if is_url(prov.path) else os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
             "rescore_multiplier": rescore, "query_prompt": prompt,
             "score": _score_name(prov.precision, rescore),
         }),
