@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.arrow_values import read_parquet
 from embedcli.io.commit import arrow_source, close_synced, create_temp, unlink_quiet
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import (
@@ -346,7 +347,7 @@ def index_digest(config_key: str, index_files: Sequence[str]) -> tuple[str, int]
     h = hashlib.sha256(config_key.encode())
     n = 0
     for path in index_files:
-        keys = keys_numpy(pq.read_table(arrow_source(path)).column("key"))
+        keys = keys_numpy(read_parquet(arrow_source(path)).column("key"))
         h.update(keys.tobytes())
         n += len(keys)
     return h.hexdigest()[:32], n
