@@ -84,9 +84,11 @@ class StaticModel:
         # model2vec's output array has the stored table's dtype (float16 exports average into float16).
         self.out_dtype = np.dtype(tensors[M2V_TABLE].dtype) if self.model2vec else np.dtype(np.float32)
         self.unk_id = _unk_id(self.tokenizer) if self.model2vec else None
-        tokens = sorted(self.tokenizer.get_vocab().items(), key=lambda item: item[1])
-        # model2vec first cuts a text to max_length x the median token length in characters.
-        self.median_token_length = int(np.median([len(t) for t, _ in tokens])) if self.model2vec else 0
+        # model2vec first cuts a text to max_length x the median token length in characters (a median: the
+        # vocabulary's order, which model2vec sorts by id first, does not change it).
+        self.median_token_length = (
+            int(np.median(np.fromiter(map(len, self.tokenizer.get_vocab()), dtype=np.int64))) if self.model2vec else 0
+        )
         self._file_truncation = self.tokenizer.truncation
 
     @property
