@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedcli.io.commit import arrow_source
@@ -127,7 +126,7 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
             if id_col is None:
                 ids = [f"{prefix}:{i}" for i in rows]
             else:
-                ids = pc.cast(rb.column(id_col), pa.string()).to_pylist()
+                ids = rb.column(id_col).cast(pa.string()).to_pylist()
                 keep = _good_ids(path, id_col, ids, locations, spec)
                 if keep is not None:
                     locations, ids, texts = [locations[j] for j in keep], [ids[j] for j in keep], [texts[j] for j in keep]
