@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from embedcli.errors import UsageError
+from embedcli.io.location import refuse_url
 from embedcli.io.writers import embedding_array, embedding_matrix
 
 Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
@@ -166,6 +167,7 @@ def load_calibration(path: str) -> np.ndarray:
     - float vectors: `.npy` `[rows, dim]`, or the `embedding` column of a Parquet/JSONL file: their
       per-dimension min/max (a `[2, dim]` array of [min; max] rows is therefore taken as the ranges as-is).
     """
+    refuse_url("--calibration", path, "a local file")
     if not os.path.isfile(path):
         raise CalibrationError(f"--calibration {path}: no such file")
     stored = _stored_ranges(path)

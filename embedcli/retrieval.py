@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from embedcli.io.parquet_source import open_parquet
 from embedcli.io.writers import embedding_matrix
 from embedcli.quantize import quantize
 
@@ -238,7 +238,7 @@ def parquet_vector_blocks(
     # pre_buffer=False and use_threads=False: by default pyarrow fetches every row group's column chunk up
     # front and decodes ahead, so memory grows with the file (measured on 100k x 384 float32 in 1,024-row
     # row groups: peak +298 MiB by default; see benchmarks/bench_search.py for the figures without).
-    with pq.ParquetFile(path, pre_buffer=False) as pf:
+    with open_parquet(path, pre_buffer=False) as pf:
         for batch in pf.iter_batches(batch_size=block_rows, columns=[column], use_threads=False):
             yield vector_block(batch.column(0))
 
@@ -248,7 +248,7 @@ def take_rows(path: str, rows: np.ndarray, columns: list[str], block_rows: int =
     wanted = np.unique(rows)
     pieces = []
     first = 0
-    with pq.ParquetFile(path, pre_buffer=False) as pf:
+    with open_parquet(path, pre_buffer=False) as pf:
         schema = pf.schema_arrow
         for batch in pf.iter_batches(batch_size=block_rows, columns=columns, use_threads=False):
             lo, hi = np.searchsorted(wanted, [first, first + batch.num_rows])

@@ -3,7 +3,6 @@ classify and info share, and the `sparse-embed` command."""
 
 from __future__ import annotations
 
-import string
 from typing import Literal
 
 import typer
@@ -38,8 +37,7 @@ from embedcli.cli.options import (
     inputs_opt,
 )
 from embedcli.cli.run_options import unattended
-from embedcli.errors import UsageError
-from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template, parse_tokens
+from embedcli.models.llm_reranker import reranker_flags as reranker_flags
 from embedcli.run.flags import RunFlags
 
 OPT_CLASSIFIER_TOKENS = typer.Option(
@@ -64,43 +62,6 @@ OPT_PRESET = typer.Option(
     help="A named LLM reranker recipe: qwen3-reranker (tokens no,yes; Qwen3-Reranker's prompt and default "
     "instruction).",
 )
-
-
-def refuse_format_specs(template: str, flag: str) -> None:
-    """UsageError unless every field of `template` is a plain `{name}`: a format spec or conversion
-    (`{query:>100000000}` pads for ever, `{query:{document}}` nests, `{query!r}`) is refused before use."""
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as e:
-        raise UsageError(f"{flag}: not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
-    for _, name, spec, conversion in parsed:
-        if name is not None and (spec or conversion):
-            field = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
-            raise UsageError(f"{flag}: {field} has a format spec or conversion; use plain fields only: "
-                             "{query}, {document}, {instruction}")
-
-
-def reranker_flags(
-    tokens: str | None, template: str | None, instruction: str | None, preset: str | None
-) -> RerankerFlags | None:
-    """The `RerankerFlags` of the command line (None when no reranker flag was given)."""
-    if preset is not None and preset not in PRESETS:
-        raise UsageError(f"--reranker-preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    parsed = parse_tokens(tokens)
-    if tokens is not None and (not parsed or len(parsed) > 2):
-        raise UsageError(f"--classifier-from-tokens {tokens!r}: give one token or two, FALSE,TRUE (e.g. no,yes)")
-    if template is not None:
-        refuse_format_specs(template, "--pair-template")
-        try:
-            check_template(template, "--pair-template")
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    flags = RerankerFlags(parsed, template, instruction, preset)
-    if not flags.given:
-        if instruction is not None:
-            raise UsageError("--instruction fills a pair template: give --pair-template or --reranker-preset too")
-        return None
-    return flags
 
 
 @app.command(

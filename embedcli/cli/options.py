@@ -21,7 +21,7 @@ def env(flag: str) -> str:
 def inputs_opt() -> Any:
     """The INPUTS argument."""
     return typer.Argument(
-        ..., help="Input files or globs (JSONL, Parquet, CSV/TSV, .txt), or - for stdin.", show_default=False
+        ..., help="Files, globs or s3:// gs:// hf:// URLs (JSONL, Parquet, CSV/TSV, .txt); - for stdin.", show_default=False
     )
 
 

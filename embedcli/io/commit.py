@@ -9,6 +9,7 @@ import secrets
 from typing import IO, Any
 
 from embedcli.io.errors import STDIN, OutputError
+from embedcli.io.location import is_url, open_random_access
 
 STAGING_SUFFIX = ".embedcli-staging"
 OLD_SUFFIX = ".embedcli-old"
@@ -196,7 +197,10 @@ def stage_sidecar(path: str, payload: dict[str, Any]) -> str:
 
 
 def arrow_source(path: str) -> Any:
-    """`path` as pyarrow can open it: pyarrow takes only UTF-8 names, so a non-UTF-8 one is opened here."""
+    """`path` as pyarrow can open it: pyarrow takes only UTF-8 names, so a non-UTF-8 one is opened here; an
+    object URL is opened through its store (a random-access file: ranged reads, never a whole download)."""
+    if is_url(path):
+        return open_random_access(path)
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from embedcli.io.errors import STDIN, InputError, display_path
+from embedcli.io.location import is_url, object_fingerprint
 
 _FINGERPRINT_CHUNK = 1 << 20
 # Inputs up to this size are identified by a hash of their content (see `input_fingerprint`).
@@ -19,6 +20,8 @@ def rereadable(path: str) -> bool:
     """Whether an input can be read more than once: a regular file (not stdin, a pipe, a FIFO or a device)."""
     if path == STDIN:
         return False
+    if is_url(path):
+        return True  # an object can be read again (it may change: its fingerprint says so)
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
@@ -41,8 +44,11 @@ def input_fingerprint(path: str, content_limit: int = CONTENT_HASH_LIMIT) -> dic
     Up to `content_limit` bytes: the size and a BLAKE2b hash of the whole content, so a regenerated or
     moved file with the same bytes is the same input (hashing runs at about 1 GB/s, read once per run).
     Larger files: size, mtime_ns and sha256 of the first and last 1 MiB (touching one recomputes it).
-    A pipe, FIFO or device is refused before it is opened: reading it would consume it.
+    A pipe, FIFO or device is refused before it is opened: reading it would consume it. An object (a URL): its
+    size, ETag and modification time as the store gives them, nothing read (`location.object_fingerprint`).
     """
+    if is_url(path):
+        return object_fingerprint(path)
     if path == STDIN:
         raise InputError(
             path,

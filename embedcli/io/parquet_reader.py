@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedcli.io.arrow_values import arrow_array, byte_lengths
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.fingerprint import rereadable
@@ -332,7 +332,7 @@ class _ParquetBlocks:
             [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in rb.columns], rb.schema.names
         )
         context = self.context()
-        sizes = np.asarray(pc.fill_null(pc.binary_length(rb.column(spec.text_col)), 0), dtype=np.int64)
+        sizes = byte_lengths(rb.column(spec.text_col))
         canon = _Columns(rb) if context is not None else None
         # Blocks: 16 rows from the group's start, cut sooner after the row whose text reaches BLOCK_BYTES.
         blocks: list[tuple[int, int, bytes | None]] = []
@@ -357,12 +357,12 @@ class _ParquetBlocks:
         mask = np.ones(n, dtype=bool)
         for a, (_, rows) in carried.items():
             mask[a : a + rows] = False
-        parsed = rb.filter(pa.array(mask)) if carried else rb
+        parsed = rb.filter(arrow_array(mask)) if carried else rb
         rows_of = np.cumsum(mask) - 1  # index in `parsed` of each row read
         texts = parsed.column(spec.text_col).to_pylist()
         kept = {c: parsed.column(c).to_pylist() for c in spec.keep_cols}
         extra = {c: parsed.column(c).to_pylist() for c in spec.extra_text_cols}
-        ids = pc.cast(parsed.column(self.id_col), pa.string()).to_pylist() if self.id_col is not None else None
+        ids = parsed.column(self.id_col).cast(pa.string()).to_pylist() if self.id_col is not None else None
         for a, e, ident in blocks:
             if a > 0:
                 yield from self.boundary(at + a)

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.arrow_values import arrow_array
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import InputError
 from embedcli.io.manifest import (
@@ -76,7 +77,7 @@ class _Segments:
             if len(local) and int(local[-1]) - int(local[0]) == len(local) - 1 and bool(np.all(np.diff(local) == 1)):
                 pieces.append(table.slice(int(local[0]), len(local)))
             else:
-                pieces.append(table.take(pa.array(local)))
+                pieces.append(table.take(arrow_array(local)))
             i = j
         return pa.concat_tables(pieces).combine_chunks() if len(pieces) != 1 else pieces[0].combine_chunks()
 
@@ -267,8 +268,8 @@ class PreviousOutput:
             ident, rows = rb.column(0), rb.column(1)
             where = np.nonzero(np.asarray(ident.is_valid()))[0]
             if len(where):
-                marks = ident.take(pa.array(where)).to_pylist()
-                counts = np.asarray(rows.take(pa.array(where)).fill_null(0)).tolist()
+                marks = ident.take(arrow_array(where)).to_pylist()
+                counts = np.asarray(rows.take(arrow_array(where)).fill_null(0)).tolist()
                 for i, r, c in zip(marks, (where + at).tolist(), counts, strict=True):
                     out[i] = (r, c)
             at += rb.num_rows

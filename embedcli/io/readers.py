@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.errors import UsageError
+from embedcli.io.commit import arrow_source
 from embedcli.io.delimited_reader import read_delimited
 from embedcli.io.errors import STDIN, InputError, printable
 from embedcli.io.fingerprint import (
@@ -25,6 +26,7 @@ from embedcli.io.fingerprint import (
     rereadable,
 )
 from embedcli.io.jsonl_reader import read_jsonl
+from embedcli.io.location import expand_url, is_url, local_path
 from embedcli.io.parquet_reader import read_parquet
 from embedcli.io.positions import (
     BLOCK_BYTES,
@@ -113,6 +115,8 @@ def expand_paths(paths: Sequence[str]) -> list[str]:
     for p in paths:
         if p == STDIN:
             out.append(p)
+        elif is_url(p):  # never a local path, even where a folder named `s3:` exists
+            out.extend(expand_paths([local_path(p)]) if local_path(p) != p else expand_url(p))
         elif os.path.exists(p):  # a literal path wins, even when it contains glob characters
             if os.path.isdir(p):
                 raise InputError(
@@ -136,7 +140,12 @@ def _id_prefixes(paths: Sequence[str]) -> dict[str, str]:
     bases = {p: ("stdin" if p == STDIN else os.path.basename(p)) for p in paths}
     counts = Counter(bases.values())
     # printable: an id is text in the output, so a non-UTF-8 file name shows its bytes as \xNN there.
-    return {p: printable(b if counts[b] == 1 or p == STDIN else os.path.normpath(p)) for p, b in bases.items()}
+    return {p: printable(b if counts[b] == 1 or p == STDIN else _whole_name(p)) for p, b in bases.items()}
+
+
+def _whole_name(path: str) -> str:
+    """A path as an id prefix where basenames collide: normalized, a URL as written."""
+    return path if is_url(path) else os.path.normpath(path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -389,6 +398,8 @@ def count_records(path: str, fmt: str | None = None) -> int | None:
     if not rereadable(path):
         return None  # stdin, a pipe or a FIFO: never opened here (that would consume it)
     fmt = detect_format(path, fmt)
+    if is_url(path):  # an object: its Parquet footer; a text object is not read twice for a count
+        return _parquet_rows(path) if fmt == "parquet" else None
     try:
         if fmt == "parquet":
             return int(pq.ParquetFile(path).metadata.num_rows)
@@ -404,3 +415,12 @@ def count_records(path: str, fmt: str | None = None) -> int | None:
         return None
     lines += last != b"\n"
     return max(0, lines - 1) if fmt in ("csv", "tsv") else lines
+
+
+def _parquet_rows(url: str) -> int | None:
+    """Rows of a Parquet object from its footer (None when it cannot be read: the reader says why)."""
+    try:
+        with arrow_source(url) as f:
+            return int(pq.ParquetFile(f).metadata.num_rows)
+    except (OSError, pa.ArrowException, InputError):
+        return None

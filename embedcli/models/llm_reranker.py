@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import Tokenizer
-
-from embedcli.errors import ConfigRefusedError
+from embedcli.errors import ConfigRefusedError, UsageError
 
 # Qwen3-Reranker's prompt, as in its model card and vLLM's `qwen3_reranker` example.
 QWEN3_RERANKER_TEMPLATE = (
@@ -79,6 +77,43 @@ def check_template(template: str, where: str) -> None:
                          "use {query}, {document} and {instruction}")
 
 
+def refuse_format_specs(template: str, flag: str) -> None:
+    """UsageError unless every field of `template` is a plain `{name}`: a format spec or conversion
+    (`{query:>100000000}` pads for ever, `{query:{document}}` nests, `{query!r}`) is refused before use."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise UsageError(f"{flag}: not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+    for _, name, spec, conversion in parsed:
+        if name is not None and (spec or conversion):
+            field = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise UsageError(f"{flag}: {field} has a format spec or conversion; use plain fields only: "
+                             "{query}, {document}, {instruction}")
+
+
+def reranker_flags(
+    tokens: str | None, template: str | None, instruction: str | None, preset: str | None
+) -> RerankerFlags | None:
+    """The `RerankerFlags` of the command line or `embedcli.Embedder` (None when no reranker flag was given)."""
+    if preset is not None and preset not in PRESETS:
+        raise UsageError(f"--reranker-preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    parsed = parse_tokens(tokens)
+    if tokens is not None and (not parsed or len(parsed) > 2):
+        raise UsageError(f"--classifier-from-tokens {tokens!r}: give one token or two, FALSE,TRUE (e.g. no,yes)")
+    if template is not None:
+        refuse_format_specs(template, "--pair-template")
+        try:
+            check_template(template, "--pair-template")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    flags = RerankerFlags(parsed, template, instruction, preset)
+    if not flags.given:
+        if instruction is not None:
+            raise UsageError("--instruction fills a pair template: give --pair-template or --reranker-preset too")
+        return None
+    return flags
+
+
 def score_formula(tokens: Sequence[str]) -> str:
     """The score as a formula over the named tokens' logits at the last position."""
     if len(tokens) == 2:
@@ -101,6 +136,8 @@ class PairTemplate:
         self.template = template
         self.instruction = instruction or ""
         self.max_length = max_length
+        from tokenizers import Tokenizer  # here, not at import: the CLI imports this module for its flags
+
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_truncation()
         self._tok.no_padding()

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from embedcli.errors import InputError, TooManyErrors, display_path
+from embedcli.io.arrow_values import arrow_array, scattered, to_numpy
 from embedcli.io.positions import Block, ReadPoint
 from embedcli.io.shards import INDEX_SCHEMA, KEY_TYPE, keys_array
 from embedcli.run.flags import RunFlags
@@ -306,10 +307,10 @@ def _check_batch(
 
 
 def _unread(index: pa.Table, prev: int, file: int, blocks: list[Block]) -> _Segment:
-    h = np.asarray(index.column("idh").to_numpy(zero_copy_only=False), np.int64)
-    loc = np.asarray(index.column("loc").to_numpy(zero_copy_only=False), np.int64)
+    h = np.asarray(to_numpy(index.column("idh")), np.int64)
+    loc = np.asarray(to_numpy(index.column("loc")), np.int64)
     loc = (loc & ((1 << SHIFT) - 1)) | (np.int64(file) << SHIFT)  # where this run read it
-    index = index.set_column(index.schema.get_field_index("loc"), "loc", pa.array(loc, pa.int64()))
+    index = index.set_column(index.schema.get_field_index("loc"), "loc", arrow_array(loc))
     return _Segment(blocks=blocks, h=h, locs=loc, index=index, prev=prev)
 
 
@@ -408,10 +409,11 @@ def index_table(work: Work) -> pa.Table:
     block_rows = pa.nulls(n, pa.int32())
     if work.marks:
         at = np.asarray([m[0] for m in work.marks], np.int64)
-        block = _sparse(n, at, pa.array([m[1] for m in work.marks], KEY_TYPE))
-        block_rows = _sparse(n, at, pa.array([m[2] for m in work.marks], pa.int32()))
+        block = scattered(n, at, [m[1] for m in work.marks], KEY_TYPE)
+        block_rows = scattered(n, at, [m[2] for m in work.marks], pa.int32())
     read = pa.table(
-        [keys_array(keys[:n]), pa.array(work.read_idh, pa.int64()), pa.array(work.read_loc, pa.int64()), block,
+        [keys_array(keys[:n]), arrow_array(np.asarray(work.read_idh, np.int64)),
+         arrow_array(np.asarray(work.read_loc, np.int64)), block,
          block_rows],
         schema=INDEX_SCHEMA,
     )
@@ -422,16 +424,7 @@ def index_table(work: Work) -> pa.Table:
     src = work.src
     position = np.where(src >= 0, src, 0)
     position[src < 0] = n + np.arange(int((src < 0).sum()))
-    return both.take(pa.array(position)).combine_chunks()
-
-
-def _sparse(n: int, at: np.ndarray, values: pa.Array) -> pa.Array:
-    """An array of `n` nulls with `values` at rows `at`."""
-    idx = np.full(n, -1, np.int64)
-    idx[at] = np.arange(len(at))
-    mask = idx < 0
-    idx[mask] = 0
-    return values.take(pa.array(idx, mask=mask))
+    return both.take(arrow_array(position)).combine_chunks()
 
 
 def joined(works: list[Work]) -> Any:

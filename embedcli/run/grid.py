@@ -22,6 +22,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embedcli.errors import STDIN
+from embedcli.io.commit import arrow_source
+from embedcli.io.errors import InputError
+from embedcli.io.location import is_url, object_fingerprint
 from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.reader_base import compression_of, open_binary
 from embedcli.io.readers import detect_format
@@ -84,8 +87,8 @@ def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int
     if any(p == STDIN for p in paths):
         return None
     try:
-        sizes = [os.stat(p).st_size for p in paths]
-    except OSError:
+        sizes = [_size(p) for p in paths]
+    except (OSError, InputError):
         return None
     fmts = [detect_format(p, fmt) for p in paths]
     grid = Grid(sizes, fmts, segment_bytes(sum(sizes), chars), block)
@@ -106,9 +109,14 @@ def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int
     return grid
 
 
+def _size(path: str) -> int:
+    """An input's size in bytes (an object's from its store's metadata, nothing read)."""
+    return int(object_fingerprint(path)["size"]) if is_url(path) else os.stat(path).st_size
+
+
 def parquet_row(path: str, offset: int, block: int = BLOCK_LINES) -> int:
     """The block start a byte offset of a Parquet file maps to (by its row groups' sizes; 16-row blocks)."""
-    md = pq.ParquetFile(path).metadata
+    md = pq.ParquetFile(arrow_source(path)).metadata
     row = 0
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
@@ -131,20 +139,17 @@ def text_point(path: str, offset: int, block: int = BLOCK_LINES) -> tuple[int, i
     `offset`; None when there is none (the cut is at the file's end). Counts line breaks, parses nothing."""
     lines = 0
     pos = 0
-    with open_binary(path) as f:
+    last = b"\n"  # the byte before `pos` (none before the start: a line starts there)
+    with open_binary(path) as f:  # read front to back, never seeking (an object's stream cannot)
         while pos < offset:  # line breaks before `offset`, a megabyte at a time
             chunk = f.read(min(1 << 20, offset - pos))
             if not chunk:
                 return None
             lines += chunk.count(b"\n")
             pos += len(chunk)
+            last = chunk[-1:]
         # `pos == offset`: is a line starting here? Not unless the byte before it is a line break.
-        if offset > 0:
-            f.seek(offset - 1)
-            at_start = f.read(1) == b"\n"
-            f.seek(offset)
-        else:
-            at_start = True
+        at_start = last == b"\n"
         if not at_start:  # finish the line in hand
             rest = f.readline()
             if not rest.endswith(b"\n"):
@@ -176,7 +181,7 @@ def start_point(
             continue
         if fmts[f] == "parquet":
             row = parquet_row(paths[f], offset, block)
-            total = pq.ParquetFile(paths[f]).metadata.num_rows
+            total = pq.ParquetFile(arrow_source(paths[f])).metadata.num_rows
             if row >= total:
                 where = (f + 1, 0) if f + 1 < len(paths) else None
                 continue
@@ -204,5 +209,5 @@ def stop_point(
         return following
     if fmts[f] == "parquet":
         row = parquet_row(paths[f], offset, block)
-        return ReadPoint(f, row, row) if row < pq.ParquetFile(paths[f]).metadata.num_rows else following
+        return ReadPoint(f, row, row) if row < pq.ParquetFile(arrow_source(paths[f])).metadata.num_rows else following
     return ReadPoint(f, offset, -1)

@@ -40,6 +40,7 @@ from embedcli.errors import (
     TooManyErrors,
     UsageError,
 )
+from embedcli.io.arrow_values import arrow_array
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.readers import detect_format
@@ -178,9 +179,9 @@ class Pipeline:
         types = self.source.kept_types(self.paths or [])
         id_type = self.source.id_type(self.paths or [])
         if id_type is not None and "id" in table.column_names:
-            table = table.set_column(table.column_names.index("id"), "id", pa.array([], id_type))
+            table = table.set_column(table.column_names.index("id"), "id", arrow_array([], id_type))
         for name in self.source.inputs.keep_cols:
-            column = pa.array([], types.get(name, pa.string()))
+            column = arrow_array([], types.get(name, pa.string()))
             if name in table.column_names:
                 table = table.set_column(table.column_names.index(name), name, column)
             else:
@@ -456,7 +457,7 @@ class Pipeline:
         position = np.empty(len(is_computed), np.int64)
         position[is_computed] = np.arange(int(is_computed.sum()))
         position[~is_computed] = int(is_computed.sum()) + np.arange(int((~is_computed).sum()))
-        return both.take(pa.array(position)).combine_chunks(), np.where(unread, prev, -1)
+        return both.take(arrow_array(position)).combine_chunks(), np.where(unread, prev, -1)
 
     def _check_max_errors(self, answered: list[InputError], read_errors: int) -> None:
         """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);

@@ -14,6 +14,7 @@ from glob import glob
 
 from embedcli.errors import STDIN, OutputError, UsageError
 from embedcli.io.commit import check_read_only
+from embedcli.io.location import is_url, local_path
 
 GLOB_CHARS = re.compile(r"[*?\[]")  # as the readers expand them (`embedcli.io.readers.expand_paths`)
 
@@ -36,8 +37,9 @@ def check_side_file(flag: str, path: str | None) -> None:
 def _inputs(patterns: Sequence[str]) -> list[str]:
     """The existing files the input arguments name (globs expanded; a missing one is the reader's to report)."""
     out: list[str] = []
-    for p in patterns:
-        if p == STDIN:
+    for pattern in patterns:
+        p = local_path(pattern)  # file:///abs/x is the local file; an object is never a local output
+        if p == STDIN or is_url(p):
             continue
         if os.path.exists(p):
             out.append(p)

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embedcli.errors import STDIN, InputError, UsageError
 from embedcli.io.fingerprint import rereadable
 from embedcli.io.parquet_reader import id_type as parquet_id_type
+from embedcli.io.parquet_source import read_schema
 from embedcli.io.reader_base import id_array, kept_arrays
 from embedcli.io.readers import (
     InputBatch,
@@ -211,7 +211,7 @@ class BatchSource:
             if p == STDIN or detect_format(p, self.inputs.fmt) != "parquet":
                 continue
             try:
-                schema = pq.read_schema(p)
+                schema = read_schema(p)
             except Exception:  # an unreadable input is the reader's to report, with its row
                 continue
             for name in self.inputs.keep_cols:
@@ -231,7 +231,7 @@ class BatchSource:
         if first == STDIN or fmt != "parquet":
             return None
         try:
-            schema = pq.read_schema(first)
+            schema = read_schema(first)
         except Exception:  # an unreadable input is the reader's to report
             return None
         name = self.inputs.id_col or "id"

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.io.arrow_values import read_parquet, to_numpy
 from embedcli.io.fingerprint import describe_input_change
 from embedcli.io.manifest import (
     KEY_COMPLETE,
@@ -220,10 +220,10 @@ def _committed_ids(root: str, manifest: Manifest, ids: IdSet) -> None:
         if not s.index:
             continue
         try:
-            t = pq.read_table(os.path.join(root, s.index), columns=["idh", "loc"])
+            t = read_parquet(os.path.join(root, s.index), columns=["idh", "loc"])
         except (pa.ArrowException, OSError, KeyError):
             continue
-        ids.add(np.asarray(t.column("idh").to_numpy(), np.int64), np.asarray(t.column("loc").to_numpy(), np.int64))
+        ids.add(np.asarray(to_numpy(t.column("idh")), np.int64), np.asarray(to_numpy(t.column("loc")), np.int64))
 
 
 def _final_meta(p: Pipeline) -> dict[str, str]:

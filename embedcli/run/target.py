@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from embedcli.errors import STDIN, OutputError, UsageError
 from embedcli.io.commit import check_read_only
+from embedcli.io.location import refuse_url
 from embedcli.io.manifest import manifest_path, strip_slash
 from embedcli.io.readers import expand_paths
 from embedcli.io.writers import check_output_path, output_format
@@ -38,7 +39,11 @@ def is_shard_dir(path: str, flags: RunFlags) -> bool:
 def check_target(path: str, flags: RunFlags, inputs: Sequence[str] = (), stats_file: str | None = None) -> None:
     """Before any work (a command calls this before loading its model): InputError for an input path or
     pattern that names no file; OutputError unless `-o path`, `--stats` and `--errors-file` can be written;
-    UsageError when one of them is an input or another."""
+    UsageError when one of them is an input or another, or a URL (outputs are local files until stores take them)."""
+    refuse_url("-o", path, "a local path, or - for stdout")
+    refuse_url("--stats", stats_file)
+    refuse_url("--errors-file", flags.errors_file)
+    refuse_url("--previous", flags.previous, "the local path of the previous output")
     if inputs:
         expand_paths(inputs)  # a missing input is said before a first `auto` run loads and probes the model
     as_dir = is_shard_dir(path, flags)

@@ -49,6 +49,7 @@ from embedcli.batchapi import (
 from embedcli.compute.runner import RunnerOptions
 from embedcli.errors import STDIN, InputError, UsageError
 from embedcli.io.fingerprint import fingerprint_identity, input_fingerprints
+from embedcli.io.location import refuse_url
 from embedcli.io.manifest import Manifest, staging_dir
 from embedcli.io.writers import LINES
 from embedcli.quantize import make_quantizer
@@ -175,6 +176,8 @@ def run_batch(
         raise UsageError("run-batch reads a file (duplicate custom_ids are judged over the whole file); not stdin")
     if flags.incremental or flags.shards_dir:
         raise UsageError("run-batch writes one JSONL file of response lines: --incremental and --shards-dir do not apply")
+    refuse_url("run-batch", path, "a local request file")  # read twice and stat'ed: object storage comes later
+    refuse_url("--calibration", opts.calibration, "a local file")
     check_target(output.path, flags, [path], output.stats_file)  # -o, --stats vs the request file, before loading
     inputs = InputOptions([path], fmt="txt")
     source = BatchSource(inputs)

@@ -19,11 +19,11 @@ from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.models.spec import ModelSpec
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
+    Computation,
     ModelChoice,
     OutputOptions,
     RowInputs,
@@ -31,8 +31,7 @@ from embedcli.tasks.common import (
     calibration,
     load_spec,
     located,
-    make_job,
-    planned_engine,
+    run_computation,
 )
 
 
@@ -91,30 +90,24 @@ class ClassifyCodec:
         return self.table(empty_batch(self.keep_cols), np.zeros((0, len(self.labels)), np.float32))
 
 
-def check_pair_col(spec: ModelSpec, inputs: InputOptions, pair_col: str) -> None:
-    """UsageError unless `spec` can classify text pairs read from `--text-col` and `pair_col`."""
-    if pair_col == inputs.text_col:
+def check_pair_col(spec: ModelSpec, text_col: str, pair_col: str) -> None:
+    """UsageError unless `spec` can classify text pairs read from `text_col` and `pair_col`."""
+    if pair_col == text_col:
         raise UsageError(f"--pair-col {pair_col}: it is --text-col too; name the column of each row's second text")
     if spec.head == "lm_score":
         raise UsageError(
             f"classify --pair-col: model {spec.name!r} is an LLM reranker, whose pair is a prompt template; "
-            f"score its pairs with `embedcli score --left-col {inputs.text_col} --right-col {pair_col}`; {can_do(spec)}"
+            f"score its pairs with `embedcli score --left-col {text_col} --right-col {pair_col}`; {can_do(spec)}"
         )
 
 
-def run_classify(
-    inputs: InputOptions, choice: ModelChoice, opts: ClassifyOptions, output: OutputOptions, flags: RunFlags | None = None
-) -> int:
-    """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
-    flags = flags or RunFlags()
-    check_target(output.path, flags, inputs.paths, output.stats_file)
-    pairs = (opts.pair_col,) if opts.pair_col is not None else ()
-    source = BatchSource(inputs, pairs)
-    check_head(source, flags)  # said before the model loads
-    spec = load_spec(choice)
+def classify_computation(
+    spec: ModelSpec, choice: ModelChoice, opts: ClassifyOptions, text_col: str = "text", keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `classify` on `spec` (usage errors before anything loads)."""
     require_task(spec, "classify", "classify")
     if opts.pair_col is not None:
-        check_pair_col(spec, inputs, opts.pair_col)
+        check_pair_col(spec, text_col, opts.pair_col)
     if not 1 <= opts.top_k <= spec.num_labels:
         raise UsageError(f"--top-k {opts.top_k}: the model has {spec.num_labels} labels")
     mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)
@@ -127,15 +120,24 @@ def run_classify(
         ),
         choice.threads,
     )
-    codec = ClassifyCodec(
-        np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, tuple(inputs.keep_cols), opts.pair_col
-    )
+    codec = ClassifyCodec(np.asarray(spec.id2label, dtype=object), opts.top_k, opts.all_scores, keep_cols, opts.pair_col)
     extra: dict[str, Any] = {
         "activation": opts.activation, "logit_mean": mean, "logit_sigma": sigma, "labels": list(spec.id2label),
         "top_k": opts.top_k, "all_scores": opts.all_scores,
     }
     if opts.pair_col is not None:  # only when given: single-text outputs keep their config hash (and resume)
         extra["pair_col"] = opts.pair_col
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(recipe, flags, extra)
-    return run_job(make_job(source, engine, codec, meta, output, flags))
+    return Computation(recipe, codec, extra)
+
+
+def run_classify(
+    inputs: InputOptions, choice: ModelChoice, opts: ClassifyOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli classify`: label, score (its probability) and optionally every label's probability per row."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags, inputs.paths, output.stats_file)
+    pairs = (opts.pair_col,) if opts.pair_col is not None else ()
+    source = BatchSource(inputs, pairs)
+    check_head(source, flags)  # said before the model loads
+    work = classify_computation(load_spec(choice), choice, opts, inputs.text_col, tuple(inputs.keep_cols))
+    return run_computation(source, work, output, flags)

@@ -22,6 +22,7 @@ from embedcli.io.writers import LINES
 from embedcli.models.llm_reranker import RerankerFlags
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec, load_model_spec
+from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Engine, Job, Reporting, RowCodec, Target
 from embedcli.version import __version__
@@ -73,6 +74,19 @@ class OutputOptions:
     fmt: str | None = None
     quiet: bool = False
     stats_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Computation:
+    """What a compute command runs, decided before any input is read: the runner's recipe, the codec of its
+    rows, the provenance keys the command adds, and what the codec takes from the built runner (`loaded`).
+
+    The command runs it as a `Job` over files; `embedcli.Embedder` runs the same over in-memory batches."""
+
+    recipe: RunnerRecipe
+    codec: Any
+    extra: dict[str, Any]
+    loaded: Callable[[Runner], None] | None = None
 
 
 def load_spec(choice: ModelChoice) -> ModelSpec:
@@ -233,6 +247,15 @@ def engine_for(runner: Runner, flags: RunFlags) -> Engine:
             runner, address=flags.ray_address, workers=flags.workers, gpus_per_worker=flags.gpus_per_worker
         )
     return runner
+
+
+def run_computation(
+    source: Iterable[Any], work: Computation, output: OutputOptions, flags: RunFlags
+) -> int:
+    """Run a command's computation over `source` as one `Job`; returns the exit code. The model loads once the
+    output's state says there is work (unless only loading can settle the dtype)."""
+    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
+    return run_job(make_job(source, engine, work.codec, meta, output, flags))
 
 
 def make_job(

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from embedcli.compute.build import embed_recipe
 from embedcli.errors import UsageError
+from embedcli.io.location import refuse_url
 from embedcli.io.manifest import (
     index_sidecar,
     output_metadata,
@@ -28,9 +29,16 @@ from embedcli.run.job import Job, Target
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput
-from embedcli.tasks.common import ModelChoice, OutputOptions, load_spec, located, make_job, planned_engine
-from embedcli.tasks.m3 import HybridCodec, HybridRequest, check_hybrid, hybrid_recipe, output_format
-from embedcli.tasks.m3_rules import m3_extra
+from embedcli.tasks.common import (
+    ModelChoice,
+    OutputOptions,
+    load_spec,
+    located,
+    make_job,
+    planned_engine,
+    run_computation,
+)
+from embedcli.tasks.m3 import HybridRequest, check_hybrid, hybrid_computation, output_format
 
 SPOOL_SUFFIX = ".embedcli-float32.parquet"
 
@@ -99,6 +107,7 @@ def run_embed(
 ) -> int:
     """`embedcli embed`: stream rows through the model into one output; returns the exit code."""
     flags = flags or RunFlags()
+    refuse_url("--calibration", embed.calibration, "a local file")
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
@@ -117,8 +126,7 @@ def run_embed(
     job = make_job(BatchSource(inputs), engine, codec, meta, output, flags)
     if quant.precision == "float32":
         return run_job(job)
-    if quant.ranges is not None and quant.ranges.shape[1] != width:
-        raise UsageError(f"--calibration {embed.calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
+    check_calibration_width(quant, embed.calibration, width)
     return run_quantized(job, quant)
 
 
@@ -132,10 +140,8 @@ def run_hybrid(
     )
     check_hybrid(spec, request, precision=embed.precision, dimensions=embed.dimensions, normalize=embed.normalize,
                  calibration=embed.calibration, fmt=output_format(output.path, output.fmt))
-    recipe = hybrid_recipe(spec, choice, request)
-    engine, meta, _ = planned_engine(recipe, flags, {"outputs": list(embed.outputs), **m3_extra(spec)})
-    codec = HybridCodec(embed.outputs, spec.embedding_size, spec.hidden_size, tuple(inputs.keep_cols))
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    work = hybrid_computation(spec, choice, request, tuple(inputs.keep_cols))
+    return run_computation(BatchSource(inputs), work, output, flags)
 
 
 def run_quantized(job: Job, quant: Quantizer) -> int:
@@ -205,6 +211,13 @@ def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None
         m = embedding_matrix(rb.column(0))
         if len(m):
             ranges, rows = merge_ranges(ranges, ranges_of(m)), rows + len(m)
+    calibrate_on_output(quant, ranges, rows)
+    if rows and rows < 100 and not quiet:
+        print(f"embedcli: {quant.precision} ranges computed from only {rows} embeddings", file=sys.stderr)
+
+
+def calibrate_on_output(quant: Quantizer, ranges: np.ndarray | None, rows: int) -> None:
+    """Set `quant`'s ranges to the whole output's (`ranges` of its `rows` embeddings): one embedding has none."""
     if rows == 1:
         raise UsageError(
             f"--precision {quant.precision}: ranges cannot be computed from a single embedding; "
@@ -212,8 +225,12 @@ def _spool_ranges(source: pq.ParquetFile, quant: Quantizer, quiet: bool) -> None
         )
     if ranges is not None:
         quant.ranges, quant.calibration = ranges, "output"
-    if rows and rows < 100 and not quiet:
-        print(f"embedcli: {quant.precision} ranges computed from only {rows} embeddings", file=sys.stderr)
+
+
+def check_calibration_width(quant: Quantizer, calibration: str | None, width: int) -> None:
+    """UsageError when `--calibration`'s ranges are not as wide as the output's vectors."""
+    if quant.ranges is not None and quant.ranges.shape[1] != width:
+        raise UsageError(f"--calibration {calibration}: {quant.ranges.shape[1]} dims, the output has {width}")
 
 
 def _quantize_spool(spool: str, job: Job, quant: Quantizer, out: WholeOutput | None) -> None:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.io.commit import arrow_source
+from embedcli.io.location import refuse_output_urls
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -161,6 +162,7 @@ def _inspect_dir(path: str, report: dict[str, Any]) -> None:
 
 def inspect_output(path: str) -> dict[str, Any]:
     """What an output is: format, rows, provenance, complete or not (and why), skipped rows and errors."""
+    refuse_output_urls("inspect", [path])
 
     report: dict[str, Any] = {"path": path, "exists": False, "complete": False, "mixed": False, "problems": []}
     target = strip_slash(path)

@@ -24,8 +24,8 @@ from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.models.spec import ModelSpec
 from embedcli.run.source import empty_batch, id_column, with_kept
-from embedcli.tasks.common import ModelChoice, located, runner_recipe
-from embedcli.tasks.m3_rules import require_m3
+from embedcli.tasks.common import Computation, ModelChoice, located, runner_recipe
+from embedcli.tasks.m3_rules import m3_extra, require_m3
 from embedcli.tasks.sparse import sparse_columns
 from embedcli.tasks.tokens import list_column, list_of_vectors
 
@@ -100,6 +100,14 @@ class HybridCodec:
     def empty(self) -> Any:
         """The output of no rows."""
         return self.table(empty_batch(self.keep_cols), [])
+
+
+def hybrid_computation(
+    spec: ModelSpec, choice: ModelChoice, request: HybridRequest, keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `embed --outputs` on a BGE-M3 model (checked by `check_hybrid`)."""
+    codec = HybridCodec(request.outputs, spec.embedding_size, spec.hidden_size, keep_cols)
+    return Computation(hybrid_recipe(spec, choice, request), codec, {"outputs": list(request.outputs), **m3_extra(spec)})
 
 
 def output_format(path: str, fmt: str | None) -> str:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from embedcli.errors import UsageError
 from embedcli.io.commit import arrow_source, unlink_quiet
+from embedcli.io.location import refuse_output_urls, refuse_url
 from embedcli.io.manifest import (
     INDEX_SUFFIX,
     KEY_COMPLETE,
@@ -102,7 +103,7 @@ def _input_options(meta: dict[str, str]) -> dict[str, Any]:
 
 def inspect_set(paths: Sequence[str]) -> dict[str, Any]:
     """A report on a set of shard outputs: each member's own report plus the set's completeness."""
-
+    refuse_output_urls("inspect", paths)
     members = expand_members(paths)
     report: dict[str, Any] = {"path": ", ".join(paths), "set": True, "members": [], "problems": [], "mixed": False}
     if not members:
@@ -269,6 +270,8 @@ def merge_outputs(paths: Sequence[str], output: str, fmt: str | None = None, *, 
     parquet`, so the next `--incremental` carries the rows over), written first and renamed into place
     before the output appears. UsageError when the set is incomplete or mixed (unless `force`, which still
     needs every member readable)."""
+    refuse_url("-o", output, "a local path")
+    refuse_output_urls("merge", paths)
     report = inspect_set(paths)
     if report["status"] != "complete" and not force:
         raise UsageError("the outputs are not one complete set: " + "; ".join(report["problems"][:5]))

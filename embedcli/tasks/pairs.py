@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,7 +21,6 @@ from embedcli.io.reader_base import id_array
 from embedcli.io.readers import read_inputs
 from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.spec import ModelSpec
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Reporting, Target
 from embedcli.run.progress import Progress
@@ -41,13 +40,14 @@ from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput, check_whole
 from embedcli.scoring import M3_WEIGHTS, METHODS, PairScorer, TopN, pair_prompts
 from embedcli.tasks.common import (
+    Computation,
     ModelChoice,
     OutputOptions,
     RowInputs,
     calibration,
     load_spec,
-    make_job,
     planned_engine,
+    run_computation,
     runner_recipe,
 )
 
@@ -247,33 +247,35 @@ class ScoreCodec:
         return self.table(empty_batch(self.keep_cols), None)
 
 
+def score_computation(
+    spec: ModelSpec, choice: ModelChoice, opts: ScoreOptions, keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `score` on `spec` (usage errors before anything loads)."""
+    method = resolve_method(spec, opts.method, "score")
+    weights = check_weights(opts, method)
+    recipe = pair_recipe(spec, choice, opts, method)
+    codec = ScoreCodec(opts, keep_cols)
+    query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
+    model_options = recipe.model_options
+    extra = {"method": method, "raw_scores": opts.raw_scores, "left": opts.left, "query_prompt": query_prompt,
+             "document_prompt": doc_prompt, "logit_mean": model_options.logit_mean,
+             "logit_sigma": model_options.logit_sigma, **weights}
+    return Computation(recipe, codec, extra, lambda runner: codec.load(runner, method))
+
+
 def run_score(
     inputs: InputOptions, choice: ModelChoice, opts: ScoreOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
-    spec = load_spec(choice)
-    method = resolve_method(spec, opts.method, "score")
-    weights = check_weights(opts, method)
-    recipe = pair_recipe(spec, choice, opts, method)
+    work = score_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
     if opts.left is not None:
         source = BatchSource(replace(inputs, text_col=opts.right_col))
     else:
         source = BatchSource(replace(inputs, text_col=opts.left_col), (opts.right_col,))
     check_head(source, flags)  # said before the model loads
-    codec = ScoreCodec(opts, tuple(inputs.keep_cols))
-    query_prompt, doc_prompt = pair_prompts(method, dict(spec.prompts))
-    model_options = recipe.model_options
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(
-        recipe, flags,
-        {"method": method, "raw_scores": opts.raw_scores, "left": opts.left, "query_prompt": query_prompt,
-         "document_prompt": doc_prompt, "logit_mean": model_options.logit_mean,
-         "logit_sigma": model_options.logit_sigma, **weights},
-        loaded=lambda runner: codec.load(runner, method),
-    )
-    return run_job(make_job(source, engine, codec, meta, output, flags))
+    return run_computation(source, work, output, flags)
 
 
 # -- rerank --------------------------------------------------------------------------------------------
@@ -383,18 +385,22 @@ def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, grou
         progress.update(n, runner.stats.tokens)
 
 
-def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: list[str], keepers: list[TopN],
-          docs: Documents, progress: Progress) -> None:
-    """Score every document against every query, keeping each query's best (`keepers`)."""
+def rank_batch_rows(method: str, num_queries: int, batch_rows: int) -> int:
+    """Documents per step of `rank_documents`: a cross-encoder scores every query with each, at most ~8k pairs."""
+    if method == "cross-encoder":
+        return max(1, min(batch_rows, 8192 // max(num_queries, 1)))
+    return batch_rows
+
+
+def rank_documents(runner: Runner, scorer: PairScorer, batches: Iterable[Any], q_texts: list[str], keepers: list[TopN],
+                   docs: Documents, progress: Progress | None = None) -> None:
+    """Score every document of `batches` against every query, keeping each query's best (`keepers`)."""
     nq = len(q_texts)
-    rows = inputs.batch_rows
-    if scorer.method == "cross-encoder":
-        rows = max(1, min(rows, 8192 // nq))  # at most ~8k pairs per step
     q_encoded = scorer.encode_queries(q_texts)
     held: deque[tuple[int, int]] = deque()
 
     def runner_inputs() -> Iterator[RowInputs]:
-        for batch in BatchSource(replace(inputs, batch_rows=rows)):
+        for batch in batches:
             n = len(batch.ids)
             held.append((docs.add(batch), n))
             yield RowInputs(scorer.doc_inputs(q_texts, batch.texts), batch, row_of=partial(_modulo, n=n))
@@ -405,7 +411,14 @@ def _rank(runner: Runner, scorer: PairScorer, inputs: InputOptions, q_texts: lis
         index = np.arange(base, base + n)
         for qi, keeper in enumerate(keepers):
             keeper.add(scores[qi], index)
-        progress.update(n, runner.stats.tokens)
+        if progress is not None:
+            progress.update(n, runner.stats.tokens)
+
+
+def ranked_tables(docs: Documents, query_ids: list[str], keepers: list[TopN]) -> list[Any]:
+    """The ranked rows of each query (its kept best, best first); one empty table for no queries."""
+    tables = [docs.table(q_id, *keeper.result()) for q_id, keeper in zip(query_ids, keepers, strict=True)]
+    return tables or [docs.empty()]
 
 
 def run_rerank(
@@ -456,13 +469,14 @@ def run_rerank(
         if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)
             _rank_grouped(runner, scorer, inputs, opts.group_col, queries, keepers, docs, progress)
         elif queries:
-            _rank(runner, scorer, inputs, [t for _, t in queries], keepers, docs, progress)
+            rows = rank_batch_rows(method, len(queries), inputs.batch_rows)
+            batches = BatchSource(replace(inputs, batch_rows=rows))
+            rank_documents(runner, scorer, batches, [t for _, t in queries], keepers, docs, progress)
     finally:
         progress.close()
         report.progress = None
     t0 = time.perf_counter()
-    tables = [docs.table(q_id, *keeper.result()) for (q_id, _), keeper in zip(queries, keepers, strict=True)]
-    out.publish(tables or [docs.empty()])
+    out.publish(ranked_tables(docs, [q for q, _ in queries], keepers))
     report.seconds["write"] = time.perf_counter() - t0
     _rerank_stats(output, runner, report)
     return EXIT_OK

@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from embedcli.compute.build import build_engine
+from embedcli.compute.build import RunnerRecipe, build_engine
 from embedcli.compute.options import RunnerOptions
 from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
+from embedcli.io.location import is_object_file, is_url, local_path
 from embedcli.io.manifest import output_metadata
+from embedcli.io.parquet_source import read_schema, schema_metadata
 from embedcli.io.writers import output_format
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.quantize import output_width
@@ -75,15 +76,19 @@ class VectorsProvenance:
     @classmethod
     def read(cls, path: str) -> VectorsProvenance:
         """The provenance of an `embedcli embed` Parquet output; UsageError when it is not one."""
-        if os.path.isdir(path):
+        path = local_path(path)  # file:///abs/v.parquet is the local file
+        if is_url(path):
+            if not is_object_file(path):
+                raise UsageError(f"{path}: no such vectors object; search reads one Parquet object")
+        elif os.path.isdir(path):
             raise UsageError(f"{path}: search reads one Parquet file; join a shard directory first (embedcli merge)")
-        if not os.path.isfile(path):
+        elif not os.path.isfile(path):
             raise UsageError(f"{path}: no such vectors file")
         try:
-            schema = pq.read_schema(path)
+            schema = read_schema(path)
         except (pa.ArrowException, OSError) as e:
             raise UsageError(f"{path}: not a Parquet file ({e}); search reads the Parquet output of embedcli embed") from e
-        meta = output_metadata(path, "parquet") or {}
+        meta = (output_metadata(path, "parquet") if not is_url(path) else schema_metadata(schema)) or {}
         if "embedcli.config" not in meta or "embedcli.model" not in meta:
             raise UsageError(f"{path}: no embedcli provenance (embedcli.model, embedcli.config); "
                              "search reads vectors written by embedcli embed")
@@ -115,7 +120,12 @@ def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> ModelSpec:
             raise
         raise UsageError(f"{prov.path} was made with {prov.model!r}, which does not resolve here ({e}); "
                          "pass -m with that model's folder") from e
-    what = f"-m {choice.model}" if choice.model else f"the model {prov.model!r} found here"
+    check_vectors_model(prov, spec, f"-m {choice.model}" if choice.model else f"the model {prov.model!r} found here")
+    return spec
+
+
+def check_vectors_model(prov: VectorsProvenance, spec: ModelSpec, what: str) -> None:
+    """UsageError unless `spec` (called `what` in the message) is the model that made the vectors."""
     if prov.model_hash and spec.content_hash != prov.model_hash:
         raise UsageError(f"{what} is not the model that made {prov.path} ({prov.model!r}, content hash "
                          f"{prov.model_hash}; this one is {spec.content_hash}): queries must be embedded by "
@@ -125,7 +135,6 @@ def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> ModelSpec:
         # same weights, other pooling / projector / normalization: the vectors would not be comparable
         raise UsageError(f"{what} is not the model that made {prov.path}: same weights but its pooling config "
                          f"differs (config hash {spec.config_hash()}, the vectors' {stored_config})")
-    return spec
 
 
 def query_prompt(spec: ModelSpec, corpus_prompt: str) -> str:
@@ -133,14 +142,11 @@ def query_prompt(spec: ModelSpec, corpus_prompt: str) -> str:
     return dict(spec.prompts).get("query", corpus_prompt or "")
 
 
-def embed_queries(
-    prov: VectorsProvenance, spec: ModelSpec, choice: ModelChoice, texts: list[str]
-) -> tuple[np.ndarray, str]:
-    """Float32 query vectors made with the corpus's settings, and the prompt used."""
+def query_recipe(prov: VectorsProvenance, spec: ModelSpec, choice: ModelChoice) -> RunnerRecipe:
+    """The recipe of the runner that embeds queries as the vectors were made (their stored config)."""
     cfg = prov.config
     dtype = choice.dtype if choice.dtype != "auto" else str(cfg.get("dtype") or "auto")
-    prompt = query_prompt(spec, str(cfg.get("prompt") or ""))
-    runner = build_engine(runner_recipe(  # a static model's numpy runner, else the torch Runner
+    return runner_recipe(
         spec,
         replace(choice, dtype=dtype, quantize=bool(cfg.get("quantize"))),
         RunnerOptions(
@@ -149,65 +155,30 @@ def embed_queries(
             long_inputs=cfg.get("long_inputs") or "truncate",
             truncation_side=cfg.get("truncation_side") or "right",
             strip=bool(cfg.get("strip", True)),
-            prompt=prompt,
+            prompt=query_prompt(spec, str(cfg.get("prompt") or "")),
             normalize=cfg.get("normalize"),
             dimensions=cfg.get("dimensions"),
         ),
-    ))
-    return runner.embed(texts).astype(np.float32, copy=False), prompt
+    )
 
 
-HIT_COLUMNS = ("query_id", "rank", "id", "score")
+def embed_queries(
+    prov: VectorsProvenance, spec: ModelSpec, choice: ModelChoice, texts: list[str]
+) -> tuple[np.ndarray, str]:
+    """Float32 query vectors made with the corpus's settings, and the prompt used."""
+    recipe = query_recipe(prov, spec, choice)
+    runner = build_engine(recipe)  # a static model's numpy runner, else the torch Runner
+    return runner.embed(texts).astype(np.float32, copy=False), recipe.runner_options.prompt
 
 
-def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, flags: RunFlags | None = None) -> int:
-    """`embedcli search`: rows `query_id, rank, id, score` (+ kept columns), best first per query."""
-    started = time.perf_counter()
-    if opts.top_k < 1:
-        raise UsageError(f"--top-k {opts.top_k}: must be 1 or more")
-    if opts.rescore_multiplier < 0:
-        raise UsageError(f"--rescore {opts.rescore_multiplier}: must be 0 (off) or more")
-    if opts.block_rows < 1:
-        raise UsageError(f"--block-rows {opts.block_rows}: must be 1 or more")
-    if output_format(output.path, output.fmt) == "npy":
-        raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
-    refuse_shadowing(HIT_COLUMNS, opts.keep_cols)
-    whole = WholeJob(Target(output.path, output.fmt), [opts.vectors, *([opts.queries] if opts.queries else [])],
-                     flags or RunFlags(), Reporting(output.quiet, output.stats_file), "search")
-    check_whole(whole)  # -o against the vectors and the queries, before anything is read
-    prov = VectorsProvenance.read(opts.vectors)
-    names = pq.read_schema(prov.path).names
-    missing = [c for c in opts.keep_cols if c not in names]
-    if missing:
-        raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
-    queries = read_queries(opts, "search")
-    spec = _model_spec(prov, choice)
-    prompt = query_prompt(spec, str(prov.config.get("prompt") or ""))
-    # float vectors have nothing to rescore: the multiplier is recorded as 0, so it does not tell outputs apart
-    rescore = opts.rescore_multiplier if prov.precision not in ("float32", "float16") else 0
-    config = {
-        "task": "search", "top_k": opts.top_k, "precision": prov.precision, "query": opts.query,
-        "rescore_multiplier": rescore, "query_prompt": prompt,
-        "score": _score_name(prov.precision, rescore), "dtype": choice.dtype,
-    }
-    config_json = json.dumps(config, sort_keys=True)
-    meta = {
-        "embedcli.model": prov.model,
-        "embedcli.model_hash": prov.model_hash,
-        "embedcli.config": config_json,
-        "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
-        KEY_SEARCH: json.dumps({
-            "vectors": os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
-            "rescore_multiplier": rescore, "query_prompt": prompt,
-            "score": _score_name(prov.precision, rescore),
-        }),
-    }
-    options = {"keep_cols": list(opts.keep_cols), "query_col": opts.query_col, "query_id_col": opts.query_id_col}
-    out = WholeOutput(whole, meta, options)
-    done = out.settle()  # an output made otherwise is refused (exit 2) before the model loads
-    if done is not None:
-        return done
-    vectors, prompt = embed_queries(prov, spec, choice, [t for _, t in queries])
+def rescore_of(precision: str, multiplier: int) -> int:
+    """`--rescore` as it applies to vectors of `precision`: float vectors have nothing to rescore (0)."""
+    return multiplier if precision not in ("float32", "float16") else 0
+
+
+def search_file(prov: VectorsProvenance, vectors: np.ndarray, query_ids: list[str], opts: SearchOptions) -> tuple[pa.Table, int]:
+    """Exact top-k of the float query `vectors` over the vectors file: the hit rows (`HIT_COLUMNS`, then the
+    kept columns), and how many stored rows could never be hits (a null, NaN or infinite vector)."""
     dim = vectors.shape[1]
     if output_width(prov.precision, dim) != prov.width:
         raise UsageError(f"{prov.path}: stored vectors are {prov.width} wide, the model's {prov.precision} "
@@ -220,24 +191,95 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
             unusable[0] += len(block) - int(usable_rows(block, valid).sum())
             yield block, valid
 
+    rescore = rescore_of(prov.precision, opts.rescore_multiplier)
     scores, rows = search_blocks(vectors, blocks(), opts.top_k, space, rescore_multiplier=rescore)
-    if unusable[0] and not output.quiet:
-        print(f"embedcli: {unusable[0]:,} rows of {prov.path} have a null, NaN or infinite vector: "
-              "they are never hits (re-embed them)", file=sys.stderr)
-    nq, found = rows.shape
-    flat = rows.reshape(-1)
-    hits = take_rows(prov.path, flat, ["id", *opts.keep_cols], opts.block_rows)
-    columns: dict[str, Any] = {
-        "query_id": pa.array(np.repeat(np.asarray([q for q, _ in queries], dtype=object), found), pa.string()),
-        "rank": pa.array(np.tile(np.arange(1, found + 1, dtype=np.int32), nq), pa.int32()),
-        "id": hits.column("id"),
-        "score": pa.array(scores.reshape(-1).astype(np.float32), pa.float32()),
-    }
+    hits = take_rows(prov.path, rows.reshape(-1), ["id", *opts.keep_cols], opts.block_rows)
+    columns = hit_columns(query_ids, scores, hits.column("id"))
     for c in opts.keep_cols:
         columns[c] = hits.column(c)
-    out.publish([pa.table(columns)])
+    return pa.table(columns), unusable[0]
+
+
+def hit_columns(query_ids: list[str], scores: np.ndarray, ids: Any) -> dict[str, Any]:
+    """`query_id, rank, id, score` of `[queries, found]` scores whose hits' ids are `ids` (query-major)."""
+    found = scores.shape[1]
+    return {
+        "query_id": pa.array(np.repeat(np.asarray(query_ids, dtype=object), found), pa.string()),
+        "rank": pa.array(np.tile(np.arange(1, found + 1, dtype=np.int32), len(query_ids)), pa.int32()),
+        "id": ids,
+        "score": pa.array(scores.reshape(-1).astype(np.float32), pa.float32()),
+    }
+
+
+HIT_COLUMNS = ("query_id", "rank", "id", "score")
+
+
+def check_search_options(opts: SearchOptions) -> None:
+    """Usage errors of `--top-k`, `--rescore` and `--block-rows`, before anything is read."""
+    if opts.top_k < 1:
+        raise UsageError(f"--top-k {opts.top_k}: must be 1 or more")
+    if opts.rescore_multiplier < 0:
+        raise UsageError(f"--rescore {opts.rescore_multiplier}: must be 0 (off) or more")
+    if opts.block_rows < 1:
+        raise UsageError(f"--block-rows {opts.block_rows}: must be 1 or more")
+
+
+def check_kept(prov: VectorsProvenance, keep_cols: list[str]) -> None:
+    """UsageError naming the `--keep-cols` columns the vectors file does not have."""
+    names = read_schema(prov.path).names
+    missing = [c for c in keep_cols if c not in names]
+    if missing:
+        raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
+
+
+def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, flags: RunFlags | None = None) -> int:
+    """`embedcli search`: rows `query_id, rank, id, score` (+ kept columns), best first per query."""
+    started = time.perf_counter()
+    check_search_options(opts)
+    if output_format(output.path, output.fmt) == "npy":
+        raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
+    refuse_shadowing(HIT_COLUMNS, opts.keep_cols)
+    whole = WholeJob(Target(output.path, output.fmt), [opts.vectors, *([opts.queries] if opts.queries else [])],
+                     flags or RunFlags(), Reporting(output.quiet, output.stats_file), "search")
+    check_whole(whole)  # -o against the vectors and the queries, before anything is read
+    prov = VectorsProvenance.read(opts.vectors)
+    check_kept(prov, opts.keep_cols)
+    queries = read_queries(opts, "search")
+    spec = _model_spec(prov, choice)
+    prompt = query_prompt(spec, str(prov.config.get("prompt") or ""))
+    # float vectors have nothing to rescore: the multiplier is recorded as 0, so it does not tell outputs apart
+    rescore = rescore_of(prov.precision, opts.rescore_multiplier)
+    config = {
+        "task": "search", "top_k": opts.top_k, "precision": prov.precision, "query": opts.query,
+        "rescore_multiplier": rescore, "query_prompt": prompt,
+        "score": _score_name(prov.precision, rescore), "dtype": choice.dtype,
+    }
+    config_json = json.dumps(config, sort_keys=True)
+    meta = {
+        "embedcli.model": prov.model,
+        "embedcli.model_hash": prov.model_hash,
+        "embedcli.config": config_json,
+        "embedcli.config_hash": hashlib.sha256(config_json.encode()).hexdigest()[:16],
+        KEY_SEARCH: json.dumps({
+            "vectors": prov.path if is_url(prov.path) else os.path.abspath(prov.path), "top_k": opts.top_k, "precision": prov.precision,
+            "rescore_multiplier": rescore, "query_prompt": prompt,
+            "score": _score_name(prov.precision, rescore),
+        }),
+    }
+    options = {"keep_cols": list(opts.keep_cols), "query_col": opts.query_col, "query_id_col": opts.query_id_col}
+    out = WholeOutput(whole, meta, options)
+    done = out.settle()  # an output made otherwise is refused (exit 2) before the model loads
+    if done is not None:
+        return done
+    vectors, prompt = embed_queries(prov, spec, choice, [t for _, t in queries])
+    table, unusable = search_file(prov, vectors, [q for q, _ in queries], opts)
+    if unusable and not output.quiet:
+        print(f"embedcli: {unusable:,} rows of {prov.path} have a null, NaN or infinite vector: "
+              "they are never hits (re-embed them)", file=sys.stderr)
+    out.publish([table])
     if not output.quiet:
-        print(f"embedcli: done: {nq} queries x {prov.path}: top {found} each, "
+        found = table.num_rows // max(len(queries), 1)
+        print(f"embedcli: done: {len(queries)} queries x {prov.path}: top {found} each, "
               f"{time.perf_counter() - started:.1f} s -> {output.path}", file=sys.stderr)
     return EXIT_OK
 

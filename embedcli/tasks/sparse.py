@@ -21,18 +21,17 @@ import pyarrow as pa
 from embedcli.compute.choice import embed_prompt, require_task
 from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, kept_columns
 from embedcli.run.target import check_target
 from embedcli.scoring import SparseVector
 from embedcli.tasks.common import (
+    Computation,
     ModelChoice,
     OutputOptions,
     load_spec,
     located,
-    make_job,
-    planned_engine,
+    run_computation,
     runner_recipe,
 )
 from embedcli.tasks.m3_rules import check_m3_sparse, m3_extra
@@ -41,6 +40,7 @@ from embedcli.tasks.tokens import list_column
 if TYPE_CHECKING:  # torch: loaded with the model, only once a run has work to do
     from embedcli.compute.runner import Runner
     from embedcli.models.loader import LoadedModel
+    from embedcli.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -108,25 +108,19 @@ def vocabulary(model: LoadedModel) -> tuple[str, ...]:
     return tuple(tok.id_to_token(i) or "" for i in range(size))
 
 
-def _check(opts: SparseOptions, output: OutputOptions) -> None:
-    fmt = (output.fmt or Path(output.path).suffix.lstrip(".")).lower()
-    if fmt == "npy":
-        raise UsageError("sparse-embed writes list columns (indices, values): use .parquet or .jsonl, not .npy")
+def check_sparse_options(opts: SparseOptions) -> None:
+    """Usage errors of `sparse-embed`'s options, decided before the model is resolved."""
     if opts.long_inputs == "chunk":
         raise UsageError("sparse-embed: --long-inputs chunk applies to embed only; use truncate or error")
     if opts.top_k is not None and opts.top_k < 1:
         raise UsageError(f"--sparse-top-k {opts.top_k}: must be at least 1")
 
 
-def run_sparse_embed(
-    inputs: InputOptions, choice: ModelChoice, opts: SparseOptions, output: OutputOptions, flags: RunFlags | None = None
-) -> int:
-    """`embedcli sparse-embed`: one sparse vector per row (id, indices, values[, tokens]) and kept columns."""
-    flags = flags or RunFlags()
-    check_target(output.path, flags, inputs.paths, output.stats_file)
-    check_head(BatchSource(inputs), flags)  # said before the model loads
-    _check(opts, output)
-    spec = load_spec(choice)
+def sparse_computation(
+    spec: ModelSpec, choice: ModelChoice, opts: SparseOptions, keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `sparse-embed` on `spec` (usage errors before anything loads)."""
+    check_sparse_options(opts)
     require_task(spec, "sparse_embed", "sparse-embed")
     check_m3_sparse(spec, opts.top_k)
     recipe = runner_recipe(
@@ -138,13 +132,23 @@ def run_sparse_embed(
         ),
         sparse_top_k=opts.top_k,
     )
-    codec = SparseCodec(opts.with_tokens, tuple(inputs.keep_cols))
+    codec = SparseCodec(opts.with_tokens, keep_cols)
     top_k = opts.top_k if opts.top_k is not None else spec.sparse_top_k
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(
-        recipe, flags,
-        {"sparse_pooling": spec.sparse_pooling, "sparse_activation": spec.sparse_activation,
-         "sparse_top_k": top_k, "with_tokens": opts.with_tokens, "vocab_size": spec.embedding_size, **m3_extra(spec)},
-        loaded=codec.load,
-    )
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    extra = {"sparse_pooling": spec.sparse_pooling, "sparse_activation": spec.sparse_activation,
+             "sparse_top_k": top_k, "with_tokens": opts.with_tokens, "vocab_size": spec.embedding_size, **m3_extra(spec)}
+    return Computation(recipe, codec, extra, codec.load)
+
+
+def run_sparse_embed(
+    inputs: InputOptions, choice: ModelChoice, opts: SparseOptions, output: OutputOptions, flags: RunFlags | None = None
+) -> int:
+    """`embedcli sparse-embed`: one sparse vector per row (id, indices, values[, tokens]) and kept columns."""
+    flags = flags or RunFlags()
+    check_target(output.path, flags, inputs.paths, output.stats_file)
+    check_head(BatchSource(inputs), flags)  # said before the model loads
+    fmt = (output.fmt or Path(output.path).suffix.lstrip(".")).lower()
+    if fmt == "npy":
+        raise UsageError("sparse-embed writes list columns (indices, values): use .parquet or .jsonl, not .npy")
+    check_sparse_options(opts)  # before the model is resolved
+    work = sparse_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
+    return run_computation(BatchSource(inputs), work, output, flags)

@@ -15,19 +15,18 @@ from embedcli.compute.options import RunnerOptions, TokenRows
 from embedcli.errors import UsageError
 from embedcli.io.writers import embedding_array
 from embedcli.models.spec import ModelSpec
-from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.tasks.common import (
+    Computation,
     ModelChoice,
     OutputOptions,
     activation,
     calibration,
     load_spec,
     located,
-    make_job,
-    planned_engine,
+    run_computation,
     runner_recipe,
 )
 from embedcli.tasks.m3_rules import check_m3_token_embed, m3_extra
@@ -268,6 +267,23 @@ def token_recipe(task: str, command: str, spec: ModelSpec, choice: ModelChoice, 
     return runner_recipe(spec, choice, options, **extra)
 
 
+def token_embed_computation(
+    spec: ModelSpec, choice: ModelChoice, opts: TokenOptions, keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `token-embed` on `spec` (usage errors before anything loads)."""
+    check_m3_token_embed(spec, opts.dimensions, opts.normalize, opts.step_tag_id)
+    if spec.m3_heads:  # FlagEmbedding's colbert vectors keep the final </s> (only <s> is left out)
+        opts = replace(opts, keep_special=True)
+    recipe = token_recipe("token_embed", "token-embed", spec, choice, opts)
+    role = recipe.runner_options.role
+    codec = TokenEmbedCodec(opts, recipe.runner_options.dimensions or spec.embedding_size, keep_cols, late=role is not None)
+    extra: dict[str, Any] = {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
+                             "returned_token_ids": opts.returned_token_ids, **m3_extra(spec)}
+    if role is not None:
+        extra["role"] = role  # query and document vectors of one model are different outputs
+    return Computation(recipe, codec, extra, codec.load)
+
+
 def run_token_embed(
     inputs: InputOptions, choice: ModelChoice, opts: TokenOptions, output: OutputOptions, flags: RunFlags | None = None
 ) -> int:
@@ -275,22 +291,25 @@ def run_token_embed(
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
-    spec = load_spec(choice)
-    check_m3_token_embed(spec, opts.dimensions, opts.normalize, opts.step_tag_id)
-    if spec.m3_heads:  # FlagEmbedding's colbert vectors keep the final </s> (only <s> is left out)
-        opts = replace(opts, keep_special=True)
-    recipe = token_recipe("token_embed", "token-embed", spec, choice, opts)
-    role = recipe.runner_options.role
-    codec = TokenEmbedCodec(
-        opts, recipe.runner_options.dimensions or spec.embedding_size, tuple(inputs.keep_cols), late=role is not None
-    )
-    extra: dict[str, Any] = {"keep_special": opts.keep_special, "step_tag_id": opts.step_tag_id,
-                             "returned_token_ids": opts.returned_token_ids, **m3_extra(spec)}
-    if role is not None:
-        extra["role"] = role  # query and document vectors of one model are different outputs
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(recipe, flags, extra, loaded=codec.load)
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    work = token_embed_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
+    return run_computation(BatchSource(inputs), work, output, flags)
+
+
+def token_classify_computation(
+    spec: ModelSpec, choice: ModelChoice, opts: TokenOptions, keep_cols: tuple[str, ...] = ()
+) -> Computation:
+    """The runner recipe, codec and provenance of `token-classify` on `spec` (usage errors before anything loads)."""
+    recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
+    names = list(spec.id2label)
+    if opts.returned_token_ids:
+        names = [names[j] for j in checked_label_columns(spec, opts)]
+    codec = TokenClassifyCodec(opts, np.asarray(names, dtype=object), keep_cols)
+    model_options = recipe.model_options
+    extra = {"activation": opts.activation, "labels": names, "keep_special": opts.keep_special,
+             "step_tag_id": opts.step_tag_id, "returned_token_ids": opts.returned_token_ids,
+             "all_scores": opts.all_scores, "logit_mean": model_options.logit_mean,
+             "logit_sigma": model_options.logit_sigma}
+    return Computation(recipe, codec, extra, codec.load)
 
 
 def run_token_classify(
@@ -300,20 +319,5 @@ def run_token_classify(
     flags = flags or RunFlags()
     check_target(output.path, flags, inputs.paths, output.stats_file)
     check_head(BatchSource(inputs), flags)  # said before the model loads
-    spec = load_spec(choice)
-    recipe = token_recipe("token_classify", "token-classify", spec, choice, opts)
-    names = list(spec.id2label)
-    if opts.returned_token_ids:
-        names = [names[j] for j in checked_label_columns(spec, opts)]
-    codec = TokenClassifyCodec(opts, np.asarray(names, dtype=object), tuple(inputs.keep_cols))
-    model_options = recipe.model_options
-    # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, _ = planned_engine(
-        recipe, flags,
-        {"activation": opts.activation, "labels": names, "keep_special": opts.keep_special,
-         "step_tag_id": opts.step_tag_id, "returned_token_ids": opts.returned_token_ids,
-         "all_scores": opts.all_scores, "logit_mean": model_options.logit_mean,
-         "logit_sigma": model_options.logit_sigma},
-        loaded=codec.load,
-    )
-    return run_job(make_job(BatchSource(inputs), engine, codec, meta, output, flags))
+    work = token_classify_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
+    return run_computation(BatchSource(inputs), work, output, flags)
