@@ -17,7 +17,7 @@ from embedcli.io.shards import row_keys
 from embedcli.io.writers import output_format
 from embedcli.run.checks import Work
 from embedcli.run.flags import RunFlags
-from embedcli.run.source import id_column, kept_columns, subset
+from embedcli.run.source import id_column, id_type_of, kept_columns, subset
 
 # The flag behind each resolved config and input option, for naming what changed between two runs.
 CONFIG_FLAGS = {
@@ -133,58 +133,55 @@ def open_previous(
 
 
 class Carry:
-    """Splits work items into rows to compute and rows to carry over, and joins them back in input order."""
+    """Splits work items' rows read into rows to compute and rows to carry over by row key, and builds the
+    rows carried over with this run's id and kept columns; with `previous` None every row is computed."""
 
     def __init__(self, previous: PreviousOutput | None, keep_cols: list[str]) -> None:
         self.previous = previous
         self.keep_cols = keep_cols
 
     def split(self, work: Work) -> None:
-        """Keys of the valid rows; which to compute and which to carry over from the previous output."""
+        """Keys of the rows read; which to compute and which to carry over from the previous output."""
         b = work.batch
+        if b is None:
+            return
         work.keys = row_keys(b.ids, b.texts, b.extra_texts)
         n = len(b)
         if self.previous is None or n == 0:
-            work.compute = b
             work.compute_idx = np.arange(n, dtype=np.int64)
+            work.compute = b
             return
         prev_rows = self.previous.lookup(work.keys)
         hit = prev_rows >= 0
         work.compute_idx = np.nonzero(~hit)[0]
         work.carry_idx = np.nonzero(hit)[0]
         work.carry_rows = prev_rows[hit]
-        work.compute = subset(b, work.compute_idx)
+        work.compute = subset(b, work.compute_idx) if len(work.compute_idx) else None
 
-    def carried(self, work: Work) -> Any:
-        """The carried-over rows of a work item, as the previous output has them."""
+    def by_reference(self, batch: Any) -> bool:
+        """Whether rows carried over by row key equal the previous output's rows as they are (no kept columns
+        of this run's to put in, the same id type), so a sink may keep them as references."""
+        prev = self.previous
+        if prev is None or self.keep_cols or prev.keep_cols or "id" not in prev.schema.names:
+            return False
+        return bool(prev.schema.field("id").type.equals(id_type_of(batch)))
+
+    def carried(self, work: Work, rows: np.ndarray) -> Any:
+        """Rows `rows` of `work.batch` (carried over by row key): the previous output's results with this run's
+        id and kept columns."""
         prev = self.previous
         assert prev is not None
         drop = {"id", *prev.keep_cols, *self.keep_cols}
         result_cols = [c for c in prev.schema.names if c not in drop]
-        sub = subset(work.batch, work.carry_idx)
-        taken = prev.take(work.carry_rows, result_cols)
+        sub = subset(work.batch, rows)
+        by_row = np.full(len(work.batch), -1, np.int64)
+        by_row[work.carry_idx] = work.carry_rows
+        taken = prev.take(by_row[rows], result_cols)
         columns: dict[str, Any] = {"id": id_column(sub)}
         for c in result_cols:
             columns[c] = taken.column(c)
         columns.update(kept_columns(sub, self.keep_cols))
         return pa.table(columns)
-
-    def join(self, work: Work, computed: Any) -> tuple[Any, int]:
-        """The work item's output rows in input order (computed or None, plus carried); and how many were carried."""
-        n_carry = len(work.carry_idx)
-        if self.previous is not None and computed is not None and computed.num_rows != len(work.compute):
-            raise UsageError("--incremental needs one output row per input row; this command does not give that")
-        if not n_carry:
-            return computed, 0
-        carried = self.carried(work)
-        if computed is None or computed.num_rows == 0:
-            return carried, n_carry
-        carried = carried.select(computed.column_names).cast(computed.schema)
-        both = pa.concat_tables([computed.replace_schema_metadata(None), carried.replace_schema_metadata(None)])
-        position = np.empty(len(work.batch), dtype=np.int64)
-        position[work.compute_idx] = np.arange(len(work.compute_idx))
-        position[work.carry_idx] = len(work.compute_idx) + np.arange(n_carry)
-        return both.take(pa.array(position)).combine_chunks(), n_carry
 
     def close(self) -> None:
         """Close the previous output."""

@@ -56,7 +56,8 @@ def test_deleted_shard_is_recomputed_alone(cli, st_model: Path, corpus: Path, tm
     (out / "part-000001.parquet").unlink()
     cli("inspect", out, "--check", code=1)
     r = cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, *RAY)
-    assert "repaired part-000001.parquet: recomputed input records 100-200 (100 rows)" in r.stderr
+    lo, hi = json.loads((out / "_embedcli" / "manifest.json").read_text())["shards"][1]["records"]
+    assert f"repaired part-000001.parquet: recomputed input records {lo}-{hi} ({hi - lo} rows)" in r.stderr
     assert "repaired part-000000" not in r.stderr and "repaired part-000002" not in r.stderr
     assert (out / "part-000001.parquet").read_bytes() == saved  # the same shard, bit for bit
     for p in ("part-000000.parquet", "part-000002.parquet"):
@@ -96,10 +97,12 @@ def test_killed_ray_run_resumes_from_the_manifest(cli, st_model: Path, corpus: P
     cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", *RAY, code=130)
     monkeypatch.setattr(ray_engine.RayRunner, "_get", real)
     assert not out.exists()
+    manifest = json.loads((tmp_path / "o.parquet.embedcli-staging" / "_embedcli" / "manifest.json").read_text())
     cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", "--stats", tmp_path / "s.json", *RAY)
     stats = json.loads((tmp_path / "s.json").read_text())
-    resumed = stats["resumed_rows"]  # whole commits of 50 rows, from the manifest
-    assert resumed > 0 and resumed % 50 == 0 and stats["computed_rows"] == ROWS - resumed
+    resumed = stats["resumed_rows"]  # whole commits (of 50 rows or more: pools of whole blocks), from the manifest
+    assert resumed == manifest["records_done"] >= 50 and stats["computed_rows"] == ROWS - resumed
+    assert stats["rows_read"] == ROWS - resumed  # the committed rows are not read again
     local = tmp_path / "local.parquet"
     cli("embed", corpus, "-m", st_model, "-o", local, "--shard-rows", 50, "-q")
     assert vectors(out)[0] == vectors(local)[0]
