@@ -44,7 +44,7 @@ _HEAD_TASK = {
 # The forward's maths the probe judged: bump when a kernel changes what bf16 computes, so decisions cached
 # by the same version are made again (2: oneDNN linears, bf16 matmul attention on the CPU; 3: its scale
 # and mask ride in the first matmul; 4: float biases stay float32, in SDPA; 5: the fused AVX-512 attention with
-# float32 scores and softmax, and the fused residual add + layer norm).
+# float32 scores and softmax, MPNet's bias included, and the fused residual add + layer norm).
 KERNELS_REVISION = 5
 
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")  # `embedcli.models.loader.DTYPES`' keys

@@ -25,8 +25,9 @@ SHAPES = [(12, 12, 32), (4, 2, 8), (3, 1, 64), (2, 2, 18), (2, 2, 80)]
 REACH = [(None, False), ((5, 3), False), (None, True), ((4, 0), False), ((0, 0), False)]
 
 
-def _reference(q, k, v, lengths, *, causal, window, scale):  # type: ignore[no-untyped-def]
-    """Each sequence alone in float64: query i attends keys j with i - left <= j <= i + right (and j <= i if causal)."""
+def _reference(q, k, v, lengths, *, causal, window, scale, bias=None):  # type: ignore[no-untyped-def]
+    """Each sequence alone in float64: query i attends keys j with i - left <= j <= i + right (and j <= i if causal);
+    `bias[0, h, i, j]` is added to the scaled scores (MPNet)."""
     left, right = window
     outs, start = [], 0
     groups = q.shape[1] // k.shape[1]
@@ -35,7 +36,10 @@ def _reference(q, k, v, lengths, *, causal, window, scale):  # type: ignore[no-u
         ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
         rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]  # key minus query position
         allowed = (rel >= -left) & (rel <= (0 if causal else right))
-        scores = (qs @ ks.transpose(1, 2) * scale).masked_fill(~allowed, float("-inf"))
+        scores = qs @ ks.transpose(1, 2) * scale
+        if bias is not None:
+            scores = scores + bias[0, :, :n, :n].double()
+        scores = scores.masked_fill(~allowed, float("-inf"))
         outs.append((scores.softmax(-1) @ vs).transpose(0, 1))
         start += n
     return torch.cat(outs)
@@ -80,6 +84,28 @@ def test_bf16_matches_float64_within_bf16_rounding(lengths, heads, kv_heads, dim
     # size ~1 stay within a couple of bf16 steps.
     err = (got.double() - want).abs()
     assert (err <= 2**-7 * want.abs() + 4e-3).all(), err.max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
+@pytest.mark.parametrize("lengths", [[1], [17, 40, 1, 33], [300, 7]])
+def test_additive_bias_is_added_to_the_scaled_scores(lengths: list[int], dtype: torch.dtype) -> None:
+    """MPNet's relative-position bias: one float32 `[1, heads, L, L]` for every sequence, wider than the longest."""
+    heads = 4
+    q, k, v = _split(_fused(sum(lengths), heads, heads, 16, seed=5).to(dtype), heads, heads)
+    pack = PackInfo.build(lengths)
+    bias = torch.randn(1, heads, max(lengths) + 3, max(lengths) + 3, generator=torch.Generator().manual_seed(6)) * 2
+    assert fused_attention.applies(q, k, v, pack, bias)
+    got = fused_attention.attention(q, k, v, pack, scale=0.3, bias=bias)
+    want = _reference(q, k, v, lengths, causal=False, window=(max(lengths),) * 2, scale=0.3, bias=bias)
+    err = (got.double() - want).abs()
+    if dtype == torch.float32:
+        assert err.max().item() <= 1e-5
+    else:
+        assert (err <= 2**-7 * want.abs() + 4e-3).all(), err.max().item()
+    # A bias the kernel cannot read as rows of float32, or one narrower than the longest sequence: the torch paths.
+    assert not fused_attention.applies(q, k, v, pack, bias.transpose(2, 3))
+    assert not fused_attention.applies(q, k, v, pack, bias.double())
+    assert not fused_attention.applies(q, k, v, pack, bias[..., :1, :1]) or max(lengths) == 1
 
 
 @needs_bf16

@@ -171,7 +171,7 @@ def test_grouped_attention_matches_float64_per_sequence(
 
 
 @pytest.mark.parametrize("lengths", MIXED)
-def test_varlen_attention_fused_qkv_with_relative_bias(lengths: list[int]) -> None:
+def test_varlen_attention_fused_qkv_with_relative_bias(lengths: list[int], attention_kernel: str) -> None:
     """The own encoders' path: one fused projection, MPNet's relative bias cut to each group."""
     gen = torch.Generator().manual_seed(4)
     total, heads, dim = sum(lengths), 4, 8

@@ -187,11 +187,10 @@ def varlen_attention(
     kv = kv_heads or heads
     total = qkv.shape[0]
     fused = qkv.view(total, heads + 2 * kv, head_dim)
-    if bias is None:
-        q, k, v = fused[:, :heads], fused[:, heads : heads + kv], fused[:, heads + kv :]
-        if fused_attention.applies(q, k, v, pack):
-            out = fused_attention.attention(q, k, v, pack, scale=scale, causal=causal, window=window)
-            return out.view(total, heads * head_dim)
+    q, k, v = fused[:, :heads], fused[:, heads : heads + kv], fused[:, heads + kv :]
+    if fused_attention.applies(q, k, v, pack, bias):
+        out = fused_attention.attention(q, k, v, pack, scale=scale, causal=causal, window=window, bias=bias)
+        return out.view(total, heads * head_dim)
     if bias is None and not pack.query_only and flash_attn_available(qkv.device) and qkv.dtype != torch.float32:
         q, k, v = qkv.split([heads * head_dim, kv * head_dim, kv * head_dim], dim=-1)
         out = packed_attention(

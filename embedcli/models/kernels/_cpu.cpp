@@ -3,7 +3,8 @@
 // (fused_attention.py, fused_norm.py), which also checks every pointer, shape and stride it passes:
 //
 // attention: scores, softmax and values of one block of 8 query rows at a time, each sequence of the packed buffer
-//   on its own (no padding, no gather), float32 or bfloat16 (avx512_bf16) inputs. The block's score rows stay in a
+//   on its own (no padding, no gather), float32 or bfloat16 (avx512_bf16) inputs, a window (left, right reach) and
+//   an additive float32 bias by position (MPNet) optional. The block's score rows stay in a
 //   float32 buffer in L1/L2 between the two products; the softmax is taken there (max, exp, sum in float32) and the
 //   values are multiplied with the unnormalized probabilities, divided by the sum at the end, as flash attention
 //   does. float32: float32 products and sums in another order than SDPA's (max |diff| ~1e-7 on unit-scale data).
@@ -51,6 +52,10 @@ struct Job {
     int64_t left, right;  // a query at i sees keys i - left .. i + right (within its sequence)
     float scale;
     bool bf16;
+    // An additive float32 bias by (head, query, key) position within a sequence (MPNet's relative positions), or
+    // null: element (h, i, j) at bias + h * bias_head + i * bias_row + j.
+    const float* bias;
+    int64_t bias_head, bias_row;
     // Tasks: (sequence, first row) pairs, each for every key head.
     const int64_t* task_seq;
     const int64_t* task_row;
@@ -363,11 +368,25 @@ struct Scratch {
 
 // Softmax of one query row's scores over keys [a, b) of the row's buffer (which spans keys [k0, k0 + width));
 // writes exp(x - max) (float32 into s, or bf16 into p, zero outside [a, b)) and returns 1 / sum.
-inline float softmax_row(float* s, uint16_t* p, int64_t width, int64_t a, int64_t b, float scale, bool bf16) {
+// `bias` (or null): the row's additive float32 bias, at the same key offsets as s (only [a, b) is read); it is added
+// to the scaled scores, as transformers adds MPNet's relative-position bias.
+inline float softmax_row(float* s, uint16_t* p, int64_t width, int64_t a, int64_t b, float scale, bool bf16,
+                         const float* bias) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = a; j < b; j += 16) {
-        const __mmask16 m = tail_mask(b - j);
-        vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, s + j));
+    if (bias) {
+        const __m512 vs = _mm512_set1_ps(scale);
+        for (int64_t j = a; j < b; j += 16) {
+            const __mmask16 m = tail_mask(b - j);
+            const __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), vs, _mm512_maskz_loadu_ps(m, bias + j));
+            _mm512_mask_storeu_ps(s + j, m, x);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, x);
+        }
+        scale = 1.0f;  // the scores below are scaled already
+    } else {
+        for (int64_t j = a; j < b; j += 16) {
+            const __mmask16 m = tail_mask(b - j);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, s + j));
+        }
     }
     // exp(scale * (x - max)) as one fma: scale * x - scale * max (scale > 0 keeps the max where it was).
     const __m512 vscale = _mm512_set1_ps(scale);
@@ -525,8 +544,10 @@ void run_task(const Job& job, Scratch& w, int64_t seq, int64_t r0, int kvh) {
                 const int64_t a = (i - job.left > 0 ? i - job.left : 0) - klo;
                 const int64_t b = (i + job.right + 1 < len ? i + job.right + 1 : len) - klo;
                 // Only [t_lo, t_hi) of the row is used below; zero the rest of it there.
+                const float* bias =
+                    job.bias ? job.bias + h * job.bias_head + i * job.bias_row + klo + t_lo : nullptr;
                 inv[r] = softmax_row(w.s + r * lds + t_lo, w.p + r * lds + t_lo, t_hi - t_lo, a - t_lo, b - t_lo,
-                                     job.scale, job.bf16);
+                                     job.scale, job.bf16, bias);
             }
             // Values: over d in steps of up to 3 tiles of 16.
             for (int64_t d0 = 0; d0 < dim;) {
@@ -656,12 +677,12 @@ bool cpu_has(bool bf16) {
 PyObject* supported(PyObject*, PyObject*) { return Py_BuildValue("(OO)", cpu_has(false) ? Py_True : Py_False, cpu_has(true) ? Py_True : Py_False); }
 
 PyObject* attention(PyObject*, PyObject* args) {
-    unsigned long long q, k, v, o, cu;
-    long long ldq, ldk, ldv, ldo, batch, left, right;
+    unsigned long long q, k, v, o, cu, bias;
+    long long ldq, ldk, ldv, ldo, batch, left, right, bias_head, bias_row;
     int heads, kv_heads, dim, bf16, threads;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKLLLLKLiiiLLdpi", &q, &k, &v, &o, &ldq, &ldk, &ldv, &ldo, &cu, &batch, &heads,
-                          &kv_heads, &dim, &left, &right, &scale, &bf16, &threads))
+    if (!PyArg_ParseTuple(args, "KKKKLLLLKLiiiLLdpiKLL", &q, &k, &v, &o, &ldq, &ldk, &ldv, &ldo, &cu, &batch, &heads,
+                          &kv_heads, &dim, &left, &right, &scale, &bf16, &threads, &bias, &bias_head, &bias_row))
         return nullptr;
     if (!cpu_has(bf16)) {
         PyErr_SetString(PyExc_RuntimeError, "this CPU lacks the AVX-512 instructions of the fused attention");
@@ -715,6 +736,9 @@ PyObject* attention(PyObject*, PyObject* args) {
     job.right = right < max_len ? right : max_len;
     job.scale = (float)scale;
     job.bf16 = bf16 != 0;
+    job.bias = (const float*)(uintptr_t)bias;
+    job.bias_head = bias_head;
+    job.bias_row = bias_row;
     job.task_seq = task_seq;
     job.task_row = task_row;
     job.chunks = chunks;

@@ -9,9 +9,9 @@ the scores to bf16, then spends ~0.8 ns an element in the softmax plus a gather 
 
 Numerics: float32 in: float32 products, softmax and sums in another order than SDPA's (max |diff| ~1e-7 on
 unit-scale data). bf16 in: bf16 products summed in float32, float32 scores and softmax (not bf16-rounded scores),
-probabilities rounded to bf16 for the value product, bf16 out. Anything it does not cover (another device, an
-additive bias, query-only tokens, autograd, a CPU without AVX-512, an odd head size, a build without the
-extension) is for the caller's other path: `applies` says which.
+probabilities rounded to bf16 for the value product, bf16 out; an additive bias (MPNet) is added in float32 to
+the scaled scores. Anything it does not cover (another device, query-only tokens, autograd, a CPU without
+AVX-512, an odd head size, a build without the extension) is for the caller's other path: `applies` says which.
 """
 
 from __future__ import annotations
@@ -29,9 +29,28 @@ def _rows(x: torch.Tensor, heads: int, dim: int) -> bool:
     return x.dim() == 3 and x.shape[1] == heads and x.shape[2] == dim and x.stride(2) == 1 and x.stride(1) == dim
 
 
-def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo) -> bool:
-    """Whether `attention` serves these `[total, heads, dim]` q and `[total, kv_heads, dim]` k/v."""
+def _bias_fits(bias: torch.Tensor | None, heads: int, longest: int) -> bool:
+    """`bias` is None, or a float32 `[1, heads, >= longest, >= longest]` CPU tensor with contiguous rows."""
+    if bias is None:
+        return True
+    return (
+        bias.device.type == "cpu"
+        and bias.dtype == torch.float32
+        and bias.dim() == 4
+        and bias.shape[0] == 1
+        and bias.shape[1] == heads
+        and min(bias.shape[2], bias.shape[3]) >= longest
+        and bias.stride(3) == 1
+    )
+
+
+def applies(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo, bias: torch.Tensor | None = None
+) -> bool:
+    """Whether `attention` serves these `[total, heads, dim]` q and `[total, kv_heads, dim]` k/v (and `bias`)."""
     if q.device.type != "cpu" or pack.query_only or not native.available(q.dtype) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    if not _bias_fits(bias, q.shape[1], pack.max_len):
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
@@ -59,11 +78,14 @@ def attention(
     scale: float | None = None,
     causal: bool = False,
     window: Window | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of `[total, heads, dim]` q and `[total, kv_heads, dim]` k/v within each sequence of `pack`.
 
     `window` (left, right): query i sees keys i - left .. i + right (and none after i when `causal`).
-    Returns `[total, heads, dim]`, contiguous. Call only where `applies(q, k, v, pack)`.
+    `bias`: an additive float32 `[1, heads, L, L]` bias by (query, key) position within a sequence (MPNet's
+    relative positions), added to the scaled scores. Returns `[total, heads, dim]`, contiguous. Call only where
+    `applies(q, k, v, pack, bias)`.
     """
     total, heads, dim = q.shape
     out = q.new_empty(total, heads, dim)
@@ -77,5 +99,7 @@ def attention(
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         starts.data_ptr(), pack.batch, heads, k.shape[1], dim, left, right,
         dim**-0.5 if scale is None else scale, q.dtype == torch.bfloat16, torch.get_num_threads(),
+        0 if bias is None else bias.data_ptr(), 0 if bias is None else bias.stride(1),
+        0 if bias is None else bias.stride(2),
     )
     return out
