@@ -43,8 +43,9 @@ _HEAD_TASK = {
 }
 # The forward's maths the probe judged: bump when a kernel changes what bf16 computes, so decisions cached
 # by the same version are made again (2: oneDNN linears, bf16 matmul attention on the CPU; 3: its scale
-# and mask ride in the first matmul; 4: float biases stay float32, in SDPA).
-KERNELS_REVISION = 4
+# and mask ride in the first matmul; 4: float biases stay float32, in SDPA; 5: the fused AVX-512 attention with
+# float32 scores and softmax, MPNet's bias included, and the fused residual add + layer norm).
+KERNELS_REVISION = 5
 
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")  # `embedcli.models.loader.DTYPES`' keys
 
@@ -147,6 +148,14 @@ def probe_length(spec: ModelSpec) -> int:
     return min(spec.max_length, PROBE_MAX_LENGTH)
 
 
+def _fused_kernels() -> list[str]:
+    """["fused"] when the compiled CPU kernels are installed (they compute bf16 attention with other roundings than
+    the torch paths), else nothing. Found without importing torch."""
+    import importlib.util
+
+    return ["fused"] if importlib.util.find_spec("embedcli.models.kernels._cpu") is not None else []
+
+
 def decision_path(spec: ModelSpec, task: str, kind: str) -> Path:
     """Where the decision for (model content and config hashes, task, device kind, probe length, embedcli
     version) is cached."""
@@ -155,7 +164,7 @@ def decision_path(spec: ModelSpec, task: str, kind: str) -> Path:
     # outputs depend on as much as the weights do.
     # What runs the model (own backbone or the fallback) is outside the config hash but not outside bf16's drift.
     key = json.dumps([spec.content_hash, spec.config_hash(), task, kind, probe_length(spec), __version__, PROBE_VERSION,
-                      KERNELS_REVISION, spec.backbone])
+                      KERNELS_REVISION, spec.backbone, *_fused_kernels()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     # The model hash leads the name so `info` can list every decision recorded for a model.
     return user_cache_dir("precision") / f"{spec.content_hash[:16]}-{digest}.json"

@@ -8,3 +8,27 @@ import pytest
 @pytest.fixture(autouse=True)
 def _single_thread(torch_single_thread) -> None:  # type: ignore[no-untyped-def]
     """Every test here runs with one torch thread unless it sets its own."""
+
+
+@pytest.fixture(params=["fused", "torch"])
+def attention_kernel(request, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+    """Runs an attention test on the fused CPU kernel (skipped where this build or CPU lacks it), then on the torch
+    paths (padded groups, SDPA, bf16 matmuls) with the kernel off."""
+    import torch
+
+    from embedcli.models.kernels import fused_attention, native
+
+    if request.param == "fused":
+        if not native.available(torch.float32):
+            pytest.skip("the fused CPU kernels are not built, or this CPU lacks AVX-512")
+    else:
+        monkeypatch.setattr(fused_attention, "applies", lambda *args, **kwargs: False)
+    return str(request.param)
+
+
+@pytest.fixture
+def torch_attention(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The torch attention paths only (a test of their own routing)."""
+    from embedcli.models.kernels import fused_attention
+
+    monkeypatch.setattr(fused_attention, "applies", lambda *args, **kwargs: False)

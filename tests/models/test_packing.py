@@ -66,7 +66,7 @@ def _reference(q, k, v, lengths, causal, bias=None, scale=None):  # type: ignore
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("lengths", [[5], [1, 7, 3], [4, 4], [9, 1, 1, 6]])
-def test_packed_attention_matches_per_sequence(causal: bool, kv_heads: int, lengths: list[int]) -> None:
+def test_packed_attention_matches_per_sequence(causal: bool, kv_heads: int, lengths: list[int], attention_kernel: str) -> None:
     gen = torch.Generator().manual_seed(0)
     total = sum(lengths)
     q = torch.randn(total, 4, 8, generator=gen)
@@ -158,7 +158,9 @@ MIXED = [[40, 3, 37, 2, 9, 31, 1], [2, 50], [7, 7, 7], [1], [33, 12, 30, 11, 4, 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 @pytest.mark.parametrize("lengths", MIXED)
-def test_grouped_attention_matches_float64_per_sequence(causal: bool, kv_heads: int, lengths: list[int]) -> None:
+def test_grouped_attention_matches_float64_per_sequence(
+    causal: bool, kv_heads: int, lengths: list[int], attention_kernel: str
+) -> None:
     gen = torch.Generator().manual_seed(3)
     total = sum(lengths)
     q = torch.randn(total, 4, 8, generator=gen)
@@ -169,7 +171,7 @@ def test_grouped_attention_matches_float64_per_sequence(causal: bool, kv_heads: 
 
 
 @pytest.mark.parametrize("lengths", MIXED)
-def test_varlen_attention_fused_qkv_with_relative_bias(lengths: list[int]) -> None:
+def test_varlen_attention_fused_qkv_with_relative_bias(lengths: list[int], attention_kernel: str) -> None:
     """The own encoders' path: one fused projection, MPNet's relative bias cut to each group."""
     gen = torch.Generator().manual_seed(4)
     total, heads, dim = sum(lengths), 4, 8

@@ -49,7 +49,9 @@ def _qkv(total: int, kv_heads: int, seed: int = 0):  # type: ignore[no-untyped-d
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("lengths", LENGTHS)
-def test_packed_attention_window_matches_float64(causal: bool, window: tuple[int, int], lengths: list[int]) -> None:
+def test_packed_attention_window_matches_float64(
+    causal: bool, window: tuple[int, int], lengths: list[int], attention_kernel: str
+) -> None:
     q, k, v = _qkv(sum(lengths), 2)
     got = packed_attention(q, k, v, PackInfo.build(lengths), causal=causal, scale=0.3, window=window)
     want = _reference(q, k, v, lengths, causal=causal, window=window, scale=0.3)
@@ -59,7 +61,7 @@ def test_packed_attention_window_matches_float64(causal: bool, window: tuple[int
 
 @pytest.mark.parametrize("window", [(3, 3), (0, 2)])
 @pytest.mark.parametrize("lengths", LENGTHS)
-def test_varlen_attention_fused_qkv_window(window: tuple[int, int], lengths: list[int]) -> None:
+def test_varlen_attention_fused_qkv_window(window: tuple[int, int], lengths: list[int], attention_kernel: str) -> None:
     heads, dim, total = 4, 8, sum(lengths)
     qkv = torch.randn(total, 3 * heads * dim, generator=torch.Generator().manual_seed(1))
     got = varlen_attention(qkv, PackInfo.build(lengths), heads, dim, window=window)
@@ -81,7 +83,7 @@ def test_window_with_additive_bias(lengths: list[int]) -> None:
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lengths", LENGTHS)
-def test_window_wider_than_every_sequence_is_the_unbanded_path(causal: bool, lengths: list[int]) -> None:
+def test_window_wider_than_every_sequence_is_the_unbanded_path(causal: bool, lengths: list[int], attention_kernel: str) -> None:
     q, k, v = _qkv(sum(lengths), 2, seed=4)
     pack = PackInfo.build(lengths)
     wide = max(lengths) - 1
@@ -94,7 +96,7 @@ def test_window_wider_than_every_sequence_is_the_unbanded_path(causal: bool, len
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lengths", [[20, 2, 17, 9], [70, 3, 66]])
-def test_bf16_window_matches_float64(causal: bool, lengths: list[int]) -> None:
+def test_bf16_window_matches_float64(causal: bool, lengths: list[int], attention_kernel: str) -> None:
     """CPU bf16: the dense band goes to the batched matmuls as their boolean mask, query blocks to SDPA."""
     q, k, v = _qkv(sum(lengths), 2, seed=5)
     got = packed_attention(
@@ -148,7 +150,7 @@ def test_padded_query_rows_keep_a_key() -> None:
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [(2, 3), (4, 0), (0, 0), (9, 9)])
-def test_long_groups_run_in_query_blocks(causal: bool, window: tuple[int, int], monkeypatch) -> None:
+def test_long_groups_run_in_query_blocks(causal: bool, window: tuple[int, int], monkeypatch, torch_attention) -> None:
     """Groups many windows long take the blockwise path, and it equals the dense band to float32 rounding."""
     lengths = [90, 4, 83, 60, 1]
     q, k, v = _qkv(sum(lengths), 2, seed=7)

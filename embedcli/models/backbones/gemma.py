@@ -29,7 +29,7 @@ from embedcli.models.backbones.layers import (
     check_registry,
 )
 from embedcli.models.backbones.llama import load_decoder, rope_inv_freq
-from embedcli.models.kernels import cpu_attention
+from embedcli.models.kernels import cpu_attention, fused_attention
 from embedcli.models.kernels.gemm import gated_linear, linear
 from embedcli.models.kernels.kv_cache import QUERY_BLOCK, PrefixSlice
 from embedcli.models.kernels.packing import PackInfo, Window, packed_attention
@@ -170,6 +170,8 @@ class GemmaAttention(nn.Module):
             return packed_eager_attention(
                 q, k, v, pack, causal=self.causal, window=self.window, scale=self.scale, softcap=self.softcap
             )
+        if fused_attention.applies(q, k, v, pack):
+            return fused_attention.attention(q, k, v, pack, scale=self.scale, causal=self.causal, window=self.window)
         if cpu_attention.applies(q):
             return cpu_attention.sequence_attention(q, k, v, pack, scale=self.scale, causal=self.causal, window=self.window)
         # No cap: SDPA (flash-attn on CUDA) with the window folded into the mask.

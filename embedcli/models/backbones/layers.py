@@ -20,6 +20,7 @@ from torch import nn
 
 # UnsupportedCheckpoint lives in embedcli.errors; the backbones keep importing it from here.
 from embedcli.errors import UnsupportedCheckpoint as UnsupportedCheckpoint
+from embedcli.models.kernels import fused_attention, fused_norm
 from embedcli.models.kernels.gemm import gelu_tanh, linear
 from embedcli.models.kernels.packing import (
     PackInfo,
@@ -178,13 +179,19 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Attention confined to each sequence, from a fused `[total, (heads + 2 kv_heads) * dim]` projection.
 
-    Returns `[total, heads * dim]`. Sequences are padded only here, in groups of similar length (see
+    Returns `[total, heads * dim]`. On AVX-512 CPUs the fused kernel reads each sequence in place
+    (`fused_attention`); elsewhere sequences are padded only here, in groups of similar length (see
     `packing.grouped_attention`): the fused rows are gathered once per group. `bias` is an additive
     `[1, heads, max_len, max_len]` bias by relative position (MPNet), without the key padding.
     `window`: each query sees only the keys within (left, right) tokens of it (`packing.Window`).
     """
     kv = kv_heads or heads
     total = qkv.shape[0]
+    fused = qkv.view(total, heads + 2 * kv, head_dim)
+    q, k, v = fused[:, :heads], fused[:, heads : heads + kv], fused[:, heads + kv :]
+    if fused_attention.applies(q, k, v, pack, bias):
+        out = fused_attention.attention(q, k, v, pack, scale=scale, causal=causal, window=window, bias=bias)
+        return out.view(total, heads * head_dim)
     if bias is None and not pack.query_only and flash_attn_available(qkv.device) and qkv.dtype != torch.float32:
         q, k, v = qkv.split([heads * head_dim, kv * head_dim, kv * head_dim], dim=-1)
         out = packed_attention(
@@ -192,7 +199,6 @@ def varlen_attention(
             pack, causal=causal, scale=scale, window=window,
         )
         return out.reshape(total, heads * head_dim)
-    fused = qkv.view(total, heads + 2 * kv, head_dim)
     out = grouped_attention(
         [fused], lambda t: t[0].split([heads, kv, kv], dim=1), pack,
         causal=causal, scale=scale, bias=bias, gqa=kv != heads, window=window,
@@ -225,8 +231,17 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, pack: PackInfo, bias: torch.Tensor | None = None) -> torch.Tensor:
         context = varlen_attention(linear(self.qkv, x), pack, self.heads, self.head_dim, bias=bias)
-        x = self.attn_norm(linear(self.attn_out, context) + x)
-        return self.out_norm(linear(self.down, linear(self.up, x, self.act)) + x)
+        x, x_in = add_norm(linear(self.attn_out, context), x, self.attn_norm)
+        return add_norm(linear(self.down, linear(self.up, x_in, self.act)), x, self.out_norm)[0]
+
+
+def add_norm(h: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm(h + x)`, and the same rows as the next linear reads them (bf16 under CPU autocast where the fused
+    kernel made that copy in its pass, else the result itself)."""
+    if fused_norm.applies(h, x, norm):
+        return fused_norm.add_layer_norm(h, x, norm)  # type: ignore[arg-type]  # applies() checked it is a LayerNorm
+    y = norm(h + x)
+    return y, y
 
 
 def check_registry(config: JsonConfig) -> None:

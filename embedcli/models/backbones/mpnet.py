@@ -71,7 +71,8 @@ class MPNetModel(BertModel):
         device = self.relative_attention_bias.weight.device
         positions = torch.arange(length, dtype=torch.long, device=device)
         buckets = relative_position_bucket(positions[None, :] - positions[:, None])
-        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0).to(dtype)
+        # Contiguous rows: the fused CPU attention reads them in place (SDPA takes either).
+        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0).to(dtype).contiguous()
 
     def forward(
         self,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from embedcli.models.backbones.layers import add_norm
 from embedcli.models.backbones.rope import apply_rope
 from embedcli.models.kernels.gemm import linear
 from embedcli.models.kernels.packing import PackInfo, packed_attention
@@ -62,6 +63,6 @@ class RopeEncoderLayer(nn.Module):
         if q_scale is not None:
             q = q * q_scale
         context = packed_attention(q, k, v, pack, causal=False, scale=self.scale)
-        x = self.attn_norm(x + linear(self.attn_out, context.reshape(total, self.heads * self.head_dim)))
-        up, gate = linear(self.gate_up, x).chunk(2, dim=-1)
-        return self.mlp_norm(x + linear(self.down, self.act(gate) * up))
+        x, x_in = add_norm(linear(self.attn_out, context.reshape(total, self.heads * self.head_dim)), x, self.attn_norm)
+        up, gate = linear(self.gate_up, x_in).chunk(2, dim=-1)
+        return add_norm(linear(self.down, self.act(gate) * up), x, self.mlp_norm)[0]
