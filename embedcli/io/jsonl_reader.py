@@ -13,6 +13,7 @@ import pyarrow as pa
 from embedcli.io.errors import InputError
 from embedcli.io.fingerprint import rereadable
 from embedcli.io.json_line import BadJsonLine, parse_json_line
+from embedcli.io.positions import ReadPoint
 from embedcli.io.reader_base import (
     BatchBuilder,
     InputBatch,
@@ -20,6 +21,7 @@ from embedcli.io.reader_base import (
     missing_column,
     numbered_lines,
     open_binary,
+    seek_binary,
     type_name,
     utf8_error,
 )
@@ -86,17 +88,53 @@ def _any_record_has(path: str, key: str) -> bool:
     return False
 
 
-def read_jsonl(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
-    """JSON Lines; ids from the id field when any record of the file has one, else `file:line`."""
+def decide_id_key(path: str, spec: ReadSpec) -> str | None:
+    """The id field of a (re-readable) JSONL file as `read_jsonl` decides it at the file's first record: the id
+    field when any record has it, else None (ids `file:line`). The first record's fields are checked as there
+    (InputError when a column is missing); lines before it that are not JSON objects are passed over."""
+    with open_binary(path) as f:
+        for lineno, raw in numbered_lines(f, path):
+            if raw is None or not raw.strip():
+                continue
+            try:
+                rec = parse_json_line(raw.decode("utf-8"))
+            except (UnicodeDecodeError, BadJsonLine):
+                continue
+            if not isinstance(rec, dict):
+                continue
+            id_key = _check_jsonl_fields(path, f"line {lineno}", rec, spec)
+            if id_key is None and _any_record_has(path, spec.id_col):
+                id_key = spec.id_col
+            return id_key
+    return None
+
+
+def read_jsonl(
+    path: str, spec: ReadSpec, prefix: str, *, start: ReadPoint | None = None, stop: ReadPoint | None = None
+) -> Iterator[InputBatch]:
+    """JSON Lines; ids from the id field when any record of the file has one, else `file:line`.
+
+    From `start` (a line start inside the file: its byte offset and the lines before it; the file's id field
+    from `start.state["file"]["id_key"]`, else decided by `decide_id_key`) up to `stop` (the lines up to `stop.line`)."""
     b = BatchBuilder(path, spec, infer_types=True)
     id_key: str | None = None  # decided per file: spec.id_col when any record has it, else default ids
     first = True
+    last_line = stop.line if stop is not None else None
     with open_binary(path) as f:
-        for lineno, raw in numbered_lines(f, path, idle=True):
+        if start is not None and start.pos:
+            seek_binary(f, path, start.pos)
+            first = False
+            known = (start.state.get("file") or {})
+            id_key = known["id_key"] if "id_key" in known else decide_id_key(path, spec)
+            if id_key is None:
+                spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} field: ids are file:line")
+        for lineno, raw in numbered_lines(f, path, idle=True, start_line=start.line if start is not None else 0):
             if raw is None:
                 if len(b):
                     yield b.take()  # the writer paused: stream what arrived (stdin runs never resume)
                 continue
+            if last_line is not None and lineno > last_line:
+                break
             if not raw.strip():
                 continue
             rec = _parse(path, lineno, raw, spec, first)

@@ -180,6 +180,7 @@ class ShardEntry:
     errors: int = 0
     index: str | None = None
     errors_file: str | None = None
+    end: dict[str, Any] | None = None  # where reading goes on after it (`embedcli.io.positions.ReadPoint`)
 
 
 @dataclass

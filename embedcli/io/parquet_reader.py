@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.fingerprint import rereadable
+from embedcli.io.positions import ReadPoint
 from embedcli.io.reader_base import (
     BatchBuilder,
     InputBatch,
@@ -103,14 +104,40 @@ def _check_columns(path: str, schema: pa.Schema, spec: ReadSpec) -> str | None:
     return id_col
 
 
-def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]:
-    """Parquet, a batch of rows at a time; ids from the id column if present, else `file:row`."""
+def _row_groups(pf: pq.ParquetFile, first: int, last: int | None) -> tuple[list[int], int]:
+    """The row groups holding rows `[first, last)` of a file, and the first row of the first of them."""
+    md = pf.metadata
+    groups: list[int] = []
+    at = 0
+    begin = 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if at + n > first and (last is None or at < last):
+            if not groups:
+                begin = at
+            groups.append(g)
+        at += n
+    return groups, begin
+
+
+def read_parquet(
+    path: str, spec: ReadSpec, prefix: str, *, start: ReadPoint | None = None, stop: ReadPoint | None = None
+) -> Iterator[InputBatch]:
+    """Parquet, a batch of rows at a time; ids from the id column if present, else `file:row`. Rows from
+    `start.pos` up to `stop.pos` (the row groups holding them are read; rows outside are dropped)."""
+    first = start.pos if start is not None else 0
+    last = stop.pos if stop is not None else None
     with _open(path) as pf:
         id_col = _check_columns(path, pf.schema_arrow, spec)
         wanted = [spec.text_col, *spec.extra_text_cols, *spec.keep_cols, *([id_col] if id_col else [])]
         b = BatchBuilder(path, spec)
-        batches = pf.iter_batches(batch_size=spec.batch_rows, columns=list(dict.fromkeys(wanted)))
+        columns = list(dict.fromkeys(wanted))
         row = 0
+        if first or last is not None:
+            groups, row = _row_groups(pf, first, last)
+            batches = pf.iter_batches(batch_size=spec.batch_rows, row_groups=groups, columns=columns) if groups else iter(())
+        else:
+            batches = pf.iter_batches(batch_size=spec.batch_rows, columns=columns)
         while True:
             try:
                 rb = next(batches)
@@ -118,8 +145,17 @@ def read_parquet(path: str, spec: ReadSpec, prefix: str) -> Iterator[InputBatch]
                 break
             except (pa.ArrowException, OSError) as e:
                 raise _not_parquet(path, e, f" (reading rows from {row})") from None
-            rows = range(row, row + rb.num_rows)
-            row += rb.num_rows
+            n = rb.num_rows
+            lo = min(max(first - row, 0), n)
+            hi = n if last is None else max(lo, min(last - row, n))
+            base, row = row, row + n
+            if lo or hi < n:
+                rb = rb.slice(lo, hi - lo)
+            if not rb.num_rows:
+                if last is not None and base >= last:
+                    break
+                continue
+            rows = range(base + lo, base + hi)
             locations = [f"row {i}" for i in rows]
             texts = rb.column(spec.text_col).to_pylist()
             kept = {c: rb.column(c).to_pylist() for c in spec.keep_cols}

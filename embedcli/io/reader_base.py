@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.location import is_url, open_stream
+from embedcli.io.positions import parse_type_state, type_state
 from embedcli.io.stdin_head import pending_head, stdin_stream
 
 BOM = b"\xef\xbb\xbf"
@@ -88,6 +89,16 @@ class ReadSpec:
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
     id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
     null_kept: set[str] = field(default_factory=set)  # kept columns whose first batch was all null (text columns)
+
+    def state(self) -> dict[str, Any]:
+        """The run-wide reader state (types), as JSON values: a `ReadPoint` carries it."""
+        return type_state(self.id_type, self.kept_types, self.null_kept)
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Go on from `state` (see `state`)."""
+        if "types" in state:
+            self.id_type, kept, self.null_kept = parse_type_state(state)
+            self.kept_types.update(kept)
 
     def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:
         """Fix the run's id type to a whole input's `t` (InputError when an earlier input's differs)."""
@@ -402,12 +413,15 @@ def pipe_lines(f: IO[bytes]) -> Iterator[bytes | None]:
         yield pending
 
 
-def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:
+def numbered_lines(
+    f: IO[bytes], path: str, idle: bool = False, start_line: int = 0
+) -> Iterator[tuple[int, bytes | None]]:
     """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed.
 
     With `idle` (stdin), (line number, None) marks a pause of the writer: the caller hands on what it holds.
+    `start_line`: the lines before where `f` stands (it was moved there by `seek_binary`).
     """
-    lineno = 0
+    lineno = start_line
     try:
         for raw in pipe_lines(f) if idle and path == STDIN else f:
             if raw is None:
@@ -421,6 +435,21 @@ def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tupl
         raise InputError(
             path, f"cannot read the file: {one_line(e)}", location=f"line {lineno + 1}"
         ) from None
+
+
+def seek_binary(f: IO[bytes], path: str, offset: int) -> None:
+    """Move an input opened by `open_binary` to byte `offset` of its (decompressed) content."""
+    if offset <= 0:
+        return
+    if compression_of(path) is None and not is_url(path):
+        f.seek(offset)
+        return
+    left = offset  # a stream: decompressed (or fetched) and dropped up to there; nothing is parsed
+    while left:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            raise InputError(path, f"is shorter than when its reading was planned ({offset:,} bytes)")
+        left -= len(chunk)
 
 
 def one_line(e: BaseException) -> str:

@@ -6,7 +6,7 @@ import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from glob import glob
 
 import pyarrow as pa
@@ -26,12 +26,14 @@ from embedcli.io.fingerprint import (
 from embedcli.io.jsonl_reader import read_jsonl
 from embedcli.io.location import expand_url, is_url, local_path
 from embedcli.io.parquet_reader import read_parquet
+from embedcli.io.positions import ReadPoint
 from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec, compression_of, without_compression
 from embedcli.io.text_reader import read_txt
 
 __all__ = [
     "FORMATS",
     "InputBatch",
+    "InputReader",
     "count_records",
     "describe_input_change",
     "detect_format",
@@ -149,7 +151,9 @@ def read_inputs(
     batch_rows: int = 1024,
     on_bad_row: BadRowHandler | None = None,
     batch_chars: int | None = None,
-) -> Iterator[InputBatch]:
+    start: ReadPoint | None = None,
+    stop: ReadPoint | None = None,
+) -> InputReader:
     """Stream records from files, globs or `-` (stdin) as InputBatch objects, in input order.
 
     `id_col=None` means "the `id` column if the input has one, else `file:line` / `file:row`"; a
@@ -159,6 +163,10 @@ def read_inputs(
     number of fields) raise InputError, or, when `on_bad_row` is given, are passed to it and the row
     is skipped. Null text is never an error here: it comes through as None. With `batch_chars` a batch
     also ends at the row whose text brings it to that many characters (the cut depends on the data only).
+
+    `start` / `stop` (`ReadPoint`s between records of the resolved inputs) bound what is read: from `start`
+    (with the readers' state it carries) up to `stop`. Inside a file they fall on a line start of an
+    uncompressed JSONL or text file, or on a Parquet row; elsewhere on a file's start.
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
@@ -187,19 +195,49 @@ def read_inputs(
         if f == "parquet" and compression_of(p):
             raise InputError(p, f"{compression_of(p)}-compressed Parquet is not supported (Parquet compresses its "
                              "own columns)", fix=f"decompress it first, to {os.path.basename(without_compression(p))}")
-    return _iter_files(plan, spec, _id_prefixes(resolved))
+    return InputReader(spec, _iter_files(plan, spec, _id_prefixes(resolved), start, stop))
 
 
-def _iter_files(plan: list[tuple[str, str]], spec: ReadSpec, prefixes: dict[str, str]) -> Iterator[InputBatch]:
-    for path, fmt in plan:
+class InputReader:
+    """The batches of `read_inputs` in order; `spec` holds the readers' shared state (the run's types)."""
+
+    def __init__(self, spec: ReadSpec, batches: Generator[InputBatch, None, None]) -> None:
+        self.spec = spec
+        self._it = batches
+
+    def __iter__(self) -> InputReader:
+        return self
+
+    def __next__(self) -> InputBatch:
+        return next(self._it)
+
+    def close(self) -> None:
+        """Stop reading (closes the file in hand)."""
+        self._it.close()
+
+
+def _iter_files(
+    plan: list[tuple[str, str]], spec: ReadSpec, prefixes: dict[str, str], start: ReadPoint | None,
+    stop: ReadPoint | None,
+) -> Generator[InputBatch, None, None]:
+    if start is not None and start.state.get("spec"):
+        spec.restore(start.state["spec"])
+    for f in range(start.file if start is not None else 0, len(plan)):
+        if stop is not None and (f > stop.file or (f == stop.file and not stop.pos)):
+            return
+        path, fmt = plan[f]
+        here = start if start is not None and start.file == f and start.pos else None
+        until = stop if stop is not None and stop.file == f else None
         if fmt == "jsonl":
-            yield from read_jsonl(path, spec, prefixes[path])
+            yield from read_jsonl(path, spec, prefixes[path], start=here, stop=until)
         elif fmt == "parquet":
-            yield from read_parquet(path, spec, prefixes[path])
+            yield from read_parquet(path, spec, prefixes[path], start=here, stop=until)
         elif fmt in ("csv", "tsv"):
+            if here is not None or until is not None:
+                raise ValueError(f"{path}: a {fmt} input is read whole, never from or up to a point inside it")
             yield from read_delimited(path, spec, prefixes[path], fmt)
         else:
-            yield from read_txt(path, spec, prefixes[path])
+            yield from read_txt(path, spec, prefixes[path], start=here, stop=until)
 
 
 

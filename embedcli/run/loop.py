@@ -40,10 +40,11 @@ from embedcli.errors import (
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
-from embedcli.run.job import Job, Rows, Sink
+from embedcli.run.job import Job, Rows, Sink, SliceEngine
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
+from embedcli.run.sliced import run_sliced
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
 from embedcli.run.target import check_target, resolve_output
@@ -186,6 +187,9 @@ class Pipeline:
 
     # -- the loop ------------------------------------------------------------------------------------
     def _loop(self, sink: Sink, skip: int) -> None:
+        if isinstance(self.job.engine, SliceEngine):  # its workers read, compute and write; this commits
+            run_sliced(self, sink, skip, batch_chars(self.job.engine))
+            return
         report, engine, codec = self.report, self.job.engine, self.job.codec
         report.resumed_records = report.records_done = skip
         errors_before = self._errors_before = self.manifest.errors if self.manifest is not None else 0

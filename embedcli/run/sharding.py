@@ -70,7 +70,10 @@ class RangeSource(BatchSource):
         batch_rows: int | None = None,
         on_bad_row: Callable[[Any], None] | None = None,
         batch_chars: int | None = None,
+        **run: Any,
     ) -> Iterator[Any]:
+        if run:
+            raise TypeError(f"a record range is read from the inputs' start: {sorted(run)} do not apply")
         pos = 0
         for errors, batch in _records(self, paths, batch_rows, batch_chars):
             if pos >= self.stop:

@@ -144,8 +144,10 @@ class BatchSource:
         batch_rows: int | None = None,
         on_bad_row: Callable[[InputError], None] | None = None,
         batch_chars: int | None = None,
+        **run: Any,
     ) -> Iterator[Any]:
-        """The raw reader over `paths` (default: all inputs), no row checks."""
+        """The raw reader over `paths` (default: all inputs), no row checks; `run`: `read_inputs`' keywords of
+        a run (start, stop)."""
         return read_inputs(
             list(paths) if paths is not None else self.inputs.paths,
             text_col=self.inputs.text_col,
@@ -156,6 +158,7 @@ class BatchSource:
             batch_rows=batch_rows or self.inputs.batch_rows,
             on_bad_row=on_bad_row,
             batch_chars=batch_chars,
+            **run,
         )
 
     def __iter__(self) -> Iterator[Any]:

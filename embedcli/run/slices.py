@@ -1,0 +1,201 @@
+"""The slices of a run's inputs that the Ray Data engine hands its workers, each read by the worker itself.
+
+A slice is a stretch of the inputs between two `ReadPoint`s (`embedcli.io.positions`): a worker opens the
+inputs at the slice's start and reads up to its stop, so no record is read twice and the driver reads none.
+The planner cuts where a reader can start without reading what comes before:
+
+- **Parquet**: at row group starts (from the footer);
+- **JSON Lines and plain text** (uncompressed local files): every `rows` lines, at the start of the next line
+  (the byte offsets come from one scan of the file's line breaks; nothing is parsed);
+- **CSV, TSV, compressed and object-store text**: at the file's start only (a record's start inside them is not
+  known without reading from the top);
+
+and groups consecutive pieces into slices of about `rows` records (`--shard-rows`), so many small files
+share a slice. Cuts depend on the inputs and `rows` only: a resumed run, which starts from where the
+manifest's last shard ends, cuts the rest as the first run did.
+
+A slice that starts past the inputs' first batch starts with the readers' state after that batch (the run's
+types, which the first batch of JSON rows fixes), and inside a JSON Lines file with that file's id field
+(decided from its first record): what a whole run's reader has when it gets there.
+
+This planner reads the inputs directly; once the manifest records per-file offsets of its own, a slice is
+just a pair of those points (the interface stays `InputSlice`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embedcli.errors import STDIN
+from embedcli.io.jsonl_reader import decide_id_key
+from embedcli.io.location import is_url
+from embedcli.io.parquet_source import open_parquet
+from embedcli.io.positions import ReadPoint
+from embedcli.io.reader_base import compression_of
+from embedcli.io.readers import count_records, detect_format
+from embedcli.run.source import BatchSource
+
+SCAN_BYTES = 1 << 22
+
+
+@dataclass(frozen=True)
+class InputSlice:
+    """One worker's share of the inputs: from `start` up to `stop` (None: the inputs' start / end)."""
+
+    number: int  # its place in the plan (its shard is committed after the slices before it)
+    start: ReadPoint | None
+    stop: ReadPoint | None
+    skip: int = 0  # records at its start already committed (a run resumed from a manifest without read points)
+    records: int | None = None  # the records it holds, as far as known without reading (lines, rows)
+
+    @property
+    def end(self) -> ReadPoint | None:
+        """Where reading goes on after this slice (None: past the inputs)."""
+        return self.stop
+
+
+@dataclass(frozen=True)
+class SliceSource(BatchSource):
+    """A `BatchSource` read from `start` up to `stop` only (one slice of a run)."""
+
+    start: ReadPoint | None = None
+    stop: ReadPoint | None = None
+
+    def open(self, paths: Sequence[str] | None = None, **kwargs: Any) -> Iterator[Any]:
+        kwargs.setdefault("start", self.start)
+        kwargs.setdefault("stop", self.stop)
+        return BatchSource.open(self, paths, **kwargs)
+
+
+def sliceable(source: Any, paths: Sequence[str]) -> bool:
+    """Whether the planner can cut `source` (plain input files; a `--shard` or repair range is one slice)."""
+    return type(source) is BatchSource and STDIN not in paths
+
+
+def first_state(source: BatchSource, paths: Sequence[str], batch_rows: int, batch_chars: int | None) -> dict[str, Any]:
+    """The readers' state after the inputs' first batch (it fixes a JSON input's types), read alone."""
+    reader: Any = source.open(paths, batch_rows=batch_rows, on_bad_row=lambda e: None, batch_chars=batch_chars)
+    try:
+        next(reader, None)
+        return dict(reader.spec.state())
+    finally:
+        reader.close()
+
+
+def _text_cuts(path: str, every: int) -> tuple[list[tuple[int, int]], int]:
+    """(byte offset, lines before it) of the start of line 1 + k*`every` for k >= 1 (inside the file), and
+    the file's line count: one scan of its line breaks."""
+    cuts: list[tuple[int, int]] = []
+    lines = pos = 0
+    wanted = every
+    last = b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(SCAN_BYTES):
+            breaks = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10)
+            while wanted <= lines + len(breaks):
+                cuts.append((pos + int(breaks[wanted - lines - 1]) + 1, wanted))
+                wanted += every
+            lines += len(breaks)
+            pos += len(chunk)
+            last = chunk[-1:]
+    if cuts and cuts[-1][0] >= pos:
+        cuts.pop()  # a cut at the very end: nothing after it
+    return cuts, lines + (last != b"\n")
+
+
+def _splittable_text(path: str, fmt: str) -> bool:
+    if fmt not in ("jsonl", "txt") or is_url(path) or compression_of(path) is not None:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _pieces(path: str, fmt: str, rows: int) -> list[tuple[int, int, int | None]]:
+    """(position, lines before it, records up to the next piece or None) of the places a slice may start
+    inside one input (its start first)."""
+    if fmt == "parquet":
+        with open_parquet(path) as pf:
+            md = pf.metadata
+            out: list[tuple[int, int, int | None]] = []
+            at = 0
+            for g in range(md.num_row_groups):
+                n = md.row_group(g).num_rows
+                out.append((at, at, n))
+                at += n
+            return out or [(0, 0, 0)]
+    if _splittable_text(path, fmt):
+        cuts, lines = _text_cuts(path, rows)
+        starts = [(0, 0), *cuts]
+        ends = [line for _, line in cuts] + [lines]
+        return [(pos, line, end - line) for (pos, line), end in zip(starts, ends, strict=True)]
+    return [(0, 0, count_records(path, fmt))]
+
+
+def plan_slices(
+    source: BatchSource,
+    paths: Sequence[str],
+    rows: int,
+    *,
+    begin: ReadPoint | None = None,
+    state: Callable[[], dict[str, Any]] | None = None,
+) -> list[InputSlice]:
+    """The slices of `paths` from `begin` (None: their start) to their end, of about `rows` records each;
+    `state()`: the readers' state after the inputs' first batch, which a slice starting elsewhere takes."""
+    points: list[tuple[ReadPoint, int | None]] = []
+    fmts = [detect_format(p, source.inputs.fmt) for p in paths]
+    for f, path in enumerate(paths):
+        if begin is not None and f < begin.file:
+            continue
+        for pos, line, count in _pieces(path, fmts[f], rows):
+            points.append((ReadPoint(f, pos, line), count))
+    if begin is not None:
+        if begin.file >= len(paths):
+            return []
+        points = [(p, n) for p, n in points if p.order() >= begin.order()]
+        if not points or points[0][0].order() != begin.order():  # not one of this plan's cuts (another --shard-rows)
+            points.insert(0, (ReadPoint(begin.file, begin.pos, begin.line), None))
+    starts: list[tuple[ReadPoint, int | None]] = []
+    held = 0
+    for point, count in points:
+        if not starts or held >= rows:
+            starts.append((point, 0))
+            held = 0
+        held += rows if count is None else count
+        p, n = starts[-1]
+        starts[-1] = (p, None if n is None or count is None else n + count)
+    if not starts:
+        return []
+    readers_state: dict[str, Any] | None = None
+    id_keys: dict[int, str | None] = {}
+    slices = []
+    for i, (point, count) in enumerate(starts):
+        start: ReadPoint | None = point
+        if point.order() == (0, 0, 0):
+            start = None  # the inputs' start: a fresh reader, as a whole run has
+        else:
+            if readers_state is None:
+                readers_state = state() if state is not None else {}
+            extra: dict[str, Any] = {"spec": readers_state}
+            if point.pos and fmts[point.file] == "jsonl":
+                if point.file not in id_keys:
+                    id_keys[point.file] = decide_id_key(paths[point.file], _spec_of(source, paths))
+                extra["file"] = {"id_key": id_keys[point.file]}
+            start = ReadPoint(point.file, point.pos, point.line, state=extra)
+        stop = starts[i + 1][0] if i + 1 < len(starts) else None
+        slices.append(InputSlice(i, start, stop, records=count))
+    return slices
+
+
+def _spec_of(source: BatchSource, paths: Sequence[str]) -> Any:
+    """The readers' settings of `source` (its text, id and kept columns), for deciding a JSONL file's id field."""
+    reader: Any = source.open(paths)
+    reader.close()
+    return reader.spec
