@@ -37,8 +37,9 @@ import pyarrow as pa
 
 from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.options import RunStats
-from embedcli.engines.ray_engine import require_ray
 from embedcli.errors import EmbedcliError, UsageError
+
+INSTALL_HINT = "pip install 'embedcli[ray]'  (ray[data]==2.60.0)"
 
 RETRIES = 3
 """How often a slice whose worker died is retried (on the restarted worker) before the run stops, resumable."""
@@ -46,7 +47,17 @@ FORWARDED_ENV = ("AWS_", "GOOGLE_", "GCS_", "STORAGE_EMULATOR_HOST", "HF_", "HUG
 """Environment the workers get from the driver (object-store credentials and endpoints, embedcli settings)."""
 
 
-def _stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def require_ray() -> Any:
+    """`import ray`, or a UsageError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """A runner's counters after a piece of work less those before it."""
     out: dict[str, Any] = {}
     for key, value in after.items():
         if isinstance(value, dict):
@@ -75,7 +86,7 @@ class SliceActor:
             piece = pickle.loads(raw)
             before = self.runner.stats.to_dict()
             result = self.work.run(self.runner, piece)
-            result.stats = _stats_delta(before, self.runner.stats.to_dict())
+            result.stats = stats_delta(before, self.runner.stats.to_dict())
             out.append(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         return pa.table({"result": pa.array(out, pa.binary())})
 
@@ -113,6 +124,7 @@ def quiet_ray_data() -> None:
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("ray.data.exceptions").setLevel(logging.CRITICAL)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled": ours
 
 
 class RayDataEngine:
@@ -140,6 +152,7 @@ class RayDataEngine:
         self._max_length = max_length
         self.max_batch_tokens = max_batch_tokens
         self._ray: Any = None
+        self.room = workers
 
     @property
     def max_length(self) -> int:
@@ -191,6 +204,12 @@ class RayDataEngine:
             raise UsageError(f"--engine ray: a worker needs {need}; the Ray cluster has {have}")
         self.room = min(self.workers, fits)
 
+    @property
+    def parallelism(self) -> int:
+        """The workers a run gets: --workers, or as many as the cluster holds when it holds fewer."""
+        self.start()
+        return self.room
+
     # -- the Engine protocol ---------------------------------------------------------------------------
     def map(self, batches: Any) -> Iterator[Any]:
         """Not how this engine runs: it is handed whole slices (`run_slices`)."""
@@ -218,7 +237,7 @@ class RayDataEngine:
                     fn_constructor_args=(payload,),
                     batch_size=1,
                     batch_format="pyarrow",
-                    compute=ray.data.ActorPoolStrategy(size=self.room),
+                    compute=ray.data.ActorPoolStrategy(size=min(self.room, len(items))),
                     num_cpus=self.cpus,
                     num_gpus=self.gpus or None,
                     zero_copy_batch=True,

@@ -49,6 +49,9 @@ class SliceEngine(Engine, Protocol):
 
     def start(self) -> None: ...
 
+    @property
+    def parallelism(self) -> int: ...  # slices it works on at once (its workers), once started
+
     def run_slices(self, work: Any, slices: Sequence[Any]) -> Iterator[Any]: ...
 
 

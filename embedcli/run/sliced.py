@@ -33,7 +33,7 @@ from embedcli.io.positions import ReadPoint
 from embedcli.io.shard_files import drop_rows
 from embedcli.io.shards import ShardStore
 from embedcli.run.incremental import Carry
-from embedcli.run.job import Sink
+from embedcli.run.job import Sink, SliceEngine
 from embedcli.run.report import RunReport
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.slice_work import SliceResult, SliceWork, describe_location, id_hashes, rebuilt
@@ -95,6 +95,9 @@ class SlicedRun:
     def __init__(self, p: Pipeline, sink: Sink, skip: int, chars: int | None) -> None:
         self.p = p
         self.chars = chars
+        engine = p.job.engine
+        assert isinstance(engine, SliceEngine)  # the loop hands a run here for its engine
+        self.engine = engine
         self.sink = sink
         self.store = sink if isinstance(sink, ShardStore) else None
         self.report: RunReport = p.report
@@ -128,7 +131,7 @@ class SlicedRun:
         if not self.pointed:
             return [InputSlice(0, None, None, skip=dropped)]
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
-        return plan_slices(source, paths, self.flags.shard_rows, begin=begin,
+        return plan_slices(source, paths, self.flags.shard_rows, workers=self.engine.parallelism, begin=begin,
                            state=lambda: first_state(source, paths, batch_rows, self.chars))
 
     def work(self) -> SliceWork:
@@ -143,7 +146,7 @@ class SlicedRun:
 
     def run(self) -> None:
         """Plan, hand out, commit in order."""
-        p, report = self.p, self.report
+        report = self.report
         report.resumed_records = report.records_done = self.skip
         slices = self.plan()
         if self.skip and self.store is not None:
@@ -153,7 +156,7 @@ class SlicedRun:
         results: Iterator[Any] = iter(())
         try:
             if slices:
-                results = p.job.engine.run_slices(work, slices)  # type: ignore[attr-defined]  # a SliceEngine
+                results = self.engine.run_slices(work, slices)
             with StopFlag() as stop:
                 while True:
                     try:
@@ -193,14 +196,14 @@ class SlicedRun:
         self._check_max_errors(result)
         report = self.report
         records_end = report.records_done + result.records
-        if self.store is not None:
+        if self.store is None:
+            self._write_inline(result)
+        elif result.records:  # a slice of blank lines only has nothing to commit
             assert result.written is not None
             end = None
             if self.pointed:  # where the next slice starts (past the inputs after the last one)
                 end = (piece.end or ReadPoint(len(self.paths), 0, 0)).to_dict()
             self.store.adopt(result.written, records_end, end)
-        else:
-            self._write_inline(result)
         self.ids.add(result.id_hashes, result.id_locations)
         report.records_done = records_end
         report.computed_rows += result.computed_rows
@@ -209,7 +212,7 @@ class SlicedRun:
             report.seconds[name] += result.seconds.get(name, 0.0)
         self._bad_rows(result)
         assert report.progress is not None
-        report.progress.update(result.records, self.p.job.engine.stats.tokens)
+        report.progress.update(result.records, self.engine.stats.tokens)
 
     def _bad_rows(self, result: SliceResult) -> None:
         """Count a slice's bad rows and show the first few of the run (a slice sends back `SHOWN` > the

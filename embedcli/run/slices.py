@@ -5,14 +5,16 @@ inputs at the slice's start and reads up to its stop, so no record is read twice
 The planner cuts where a reader can start without reading what comes before:
 
 - **Parquet**: at row group starts (from the footer);
-- **JSON Lines and plain text** (uncompressed local files): every `rows` lines, at the start of the next line
-  (the byte offsets come from one scan of the file's line breaks; nothing is parsed);
+- **JSON Lines and plain text** (uncompressed local files): every 1,024 lines (or `--shard-rows`, when fewer),
+  at the start of the next line (the byte offsets come from one scan of the file's line breaks; nothing is
+  parsed);
 - **CSV, TSV, compressed and object-store text**: at the file's start only (a record's start inside them is not
   known without reading from the top);
 
-and groups consecutive pieces into slices of about `rows` records (`--shard-rows`), so many small files
-share a slice. Cuts depend on the inputs and `rows` only: a resumed run, which starts from where the
-manifest's last shard ends, cuts the rest as the first run did.
+and groups consecutive pieces into slices of about `--shard-rows` records (fewer in a run too small to give
+every worker four slices, but not under 1,024), so many small files share a slice. The cuts depend on the
+inputs, `--shard-rows` and the number of workers only; a resumed run plans from where the manifest's last
+shard ends.
 
 A slice that starts past the inputs' first batch starts with the readers' state after that batch (the run's
 types, which the first batch of JSON rows fixes), and inside a JSON Lines file with that file's id field
@@ -42,6 +44,12 @@ from embedcli.io.readers import count_records, detect_format
 from embedcli.run.source import BatchSource
 
 SCAN_BYTES = 1 << 22
+CUT_LINES = 1024
+"""A text file may be cut every this many lines (fewer with a smaller `--shard-rows`); slices group the pieces."""
+SLICES_PER_WORKER = 4
+"""A small run is cut finer than `--shard-rows`, into this many slices a worker, so every worker has some."""
+MIN_SLICE_ROWS = 1024
+"""... but no slice of fewer records than this (each slice costs a worker a few files and a round trip)."""
 
 
 @dataclass(frozen=True)
@@ -139,23 +147,31 @@ def _pieces(path: str, fmt: str, rows: int) -> list[tuple[int, int, int | None]]
     return [(0, 0, count_records(path, fmt))]
 
 
+def slice_rows(rows: int, total: int, workers: int) -> int:
+    """Records of a slice: `rows` (`--shard-rows`), or fewer where that leaves `workers` too few slices."""
+    share = -(-total // max(1, SLICES_PER_WORKER * workers))
+    return max(1, min(rows, max(min(MIN_SLICE_ROWS, rows), share)))
+
+
 def plan_slices(
     source: BatchSource,
     paths: Sequence[str],
     rows: int,
     *,
+    workers: int = 1,
     begin: ReadPoint | None = None,
     state: Callable[[], dict[str, Any]] | None = None,
 ) -> list[InputSlice]:
-    """The slices of `paths` from `begin` (None: their start) to their end, of about `rows` records each;
-    `state()`: the readers' state after the inputs' first batch, which a slice starting elsewhere takes."""
+    """The slices of `paths` from `begin` (None: their start) to their end, of at most `rows` records each (fewer
+    when the inputs would give `workers` too few, `slice_rows`); `state()`: the readers' state after the inputs'
+    first batch, which a slice starting elsewhere takes."""
     points: list[tuple[ReadPoint, int | None]] = []
     fmts = [detect_format(p, source.inputs.fmt) for p in paths]
     for f, path in enumerate(paths):
-        if begin is not None and f < begin.file:
-            continue
-        for pos, line, count in _pieces(path, fmts[f], rows):
+        for pos, line, count in _pieces(path, fmts[f], min(rows, CUT_LINES)):
             points.append((ReadPoint(f, pos, line), count))
+    # Sized by the whole inputs, a resumed run included: it cuts the rest as the first run did.
+    rows = slice_rows(rows, sum(n or 0 for _, n in points), workers)
     if begin is not None:
         if begin.file >= len(paths):
             return []
