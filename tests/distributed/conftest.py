@@ -58,8 +58,9 @@ class RayCluster:
                 found.append((int(entry.name), cmd))
         return found
 
-    def worker_pids(self) -> list[int]:
-        """The processes running the Ray Data engine's actors (`ray::MapWorker(...)`)."""
+    def worker_pids(self, *, busy: bool = False) -> list[int]:
+        """The processes running the Ray Data engine's actors (`ray::MapWorker(...)`); `busy`: only those doing
+        a task now (Ray titles an actor's process `ray::MapWorker(...).submit` while it runs one)."""
         pids = []
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -70,6 +71,8 @@ class RayCluster:
                 with open(f"/proc/{entry.name}/environ", "rb") as f:
                     env = f.read()
             except OSError:
+                continue
+            if busy and not cmd.rstrip("\0 ").endswith(".submit"):
                 continue
             if cmd.startswith("ray::MapWorker") and self.env["RAY_AUTH_TOKEN"].encode() in env:
                 pids.append(int(entry.name))

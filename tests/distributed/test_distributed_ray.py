@@ -140,6 +140,34 @@ def test_incremental_and_stdout(cli, st_model: Path, corpus: Path, tmp_path: Pat
     assert np.abs(np.asarray([row["embedding"] for row in rows]) - vectors(local)[1]).max() <= 1e-6
 
 
+def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path, corpus: Path, tmp_path: Path,
+                                                            driver, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The local engine's manifest has no read points: the rest is one slice that drops the committed records."""
+    from embedcli.compute.runner import Runner
+
+    real = Runner.map
+
+    def stop_after_three(self, batches):  # type: ignore[no-untyped-def]
+        for i, result in enumerate(real(self, batches)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield result
+
+    out = tmp_path / "o.parquet"
+    monkeypatch.setattr(Runner, "map", stop_after_three)
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", code=130)
+    monkeypatch.setattr(Runner, "map", real)
+    assert not out.exists()
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", "--stats", tmp_path / "s.json",
+        *ray_flags(driver))
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["resumed_rows"] == 150 and stats["computed_rows"] == ROWS - 150
+    local = tmp_path / "local.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", local, "-q")
+    assert vectors(out)[0] == vectors(local)[0]
+    assert np.abs(vectors(out)[1] - vectors(local)[1]).max() <= 1e-6
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Data's own context fields
 def test_embed_dataset_keeps_bad_rows_as_error_records(st_model: Path, tiny_loaded) -> None:  # type: ignore[no-untyped-def]
     from embedcli.compute.runner import Runner
