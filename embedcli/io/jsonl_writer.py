@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from embedcli.io.arrow_values import to_numpy
 from embedcli.io.commit import (
     check_output_path,
     close_synced,
@@ -59,7 +60,7 @@ def _numeric_list_json(arr: pa.Array) -> list[str] | None:
     flat = arr.flatten()
     if flat.null_count:
         return None
-    values = flat.to_numpy(zero_copy_only=False)
+    values = to_numpy(flat)
     strs = values.astype(str)
     if pa.types.is_floating(vt) and not np.isfinite(values).all():
         strs[np.isnan(values)] = "NaN"  # what json.dumps writes
@@ -69,7 +70,7 @@ def _numeric_list_json(arr: pa.Array) -> list[str] | None:
     if pa.types.is_fixed_size_list(t):
         d = t.list_size
         return ["[" + ",".join(items[i : i + d]) + "]" for i in range(0, len(items), d)]
-    offsets = arr.offsets.to_numpy()
+    offsets = to_numpy(arr.offsets)
     offsets = (offsets - offsets[0]).tolist()
     return ["[" + ",".join(items[a:b]) + "]" for a, b in itertools.pairwise(offsets)]
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from embedcli.io.arrow_values import to_numpy
 from embedcli.io.commit import (
     check_output_path,
     close_synced,
@@ -117,7 +118,7 @@ class NpyResultWriter(ResultWriter):
         for chunk in col.chunks:
             if chunk.null_count:
                 raise ValueError(f"{chunk.null_count} null vectors cannot be written to .npy")
-            values = chunk.flatten().to_numpy(zero_copy_only=False)
+            values = to_numpy(chunk.flatten())
             self._f.write(np.ascontiguousarray(values, dtype=self._dtype).data)
         if self._has_ids is None:
             self._has_ids = self.id_column in table.column_names

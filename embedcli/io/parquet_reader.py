@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedcli.io.commit import arrow_source
@@ -163,7 +162,7 @@ def read_parquet(
             if id_col is None:
                 ids = [f"{prefix}:{i}" for i in rows]
             else:
-                ids = pc.cast(rb.column(id_col), pa.string()).to_pylist()
+                ids = rb.column(id_col).cast(pa.string()).to_pylist()
                 keep = _good_ids(path, id_col, ids, locations, spec)
                 if keep is not None:
                     locations, ids, texts = [locations[j] for j in keep], [ids[j] for j in keep], [texts[j] for j in keep]

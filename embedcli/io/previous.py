@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedcli.io.arrow_values import read_parquet
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import InputError
 from embedcli.io.manifest import (
@@ -95,7 +96,7 @@ class PreviousOutput:
             keys = None
             if manifest.indexed:
                 files = [os.path.join(path, s.index) for s in manifest.shards if s.index]
-                keys = np.concatenate([keys_numpy(pq.read_table(arrow_source(f)).column("key")) for f in files]) if files else None
+                keys = np.concatenate([keys_numpy(read_parquet(arrow_source(f)).column("key")) for f in files]) if files else None
             if schema is None:
                 return cls(path, meta, [], pa.schema([]), np.zeros(0, f"S{KEY_WIDTH}"))
             return cls(path, meta, segments, schema, keys)
@@ -111,7 +112,7 @@ class PreviousOutput:
         sidecar = path + INDEX_SUFFIX
         if os.path.isfile(sidecar):
             try:
-                index = pq.read_table(arrow_source(sidecar))
+                index = read_parquet(arrow_source(sidecar))
                 tag = (index.schema.metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
                 if tag and tag == meta.get(KEY_OUTPUT):
                     keys = keys_numpy(index.column("key"))

@@ -17,6 +17,7 @@ from typing import IO, Any, cast
 
 import pyarrow as pa
 
+from embedcli.io.arrow_values import arrow_array, value_type
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.location import is_url, open_stream
 from embedcli.io.positions import parse_type_state, type_state
@@ -59,7 +60,7 @@ class InputBatch:
 
 def id_array(ids: Sequence[str], id_type: pa.DataType | None = None) -> pa.Array:
     """Ids (their string form) as an Arrow array of `id_type` (default string): the output's `id` column."""
-    arr = pa.array(ids, pa.string())
+    arr = arrow_array(ids, pa.string())
     # The string form of an integer id is its decimal digits, so the cast gives back the input's value.
     return arr if id_type is None or arr.type.equals(id_type) else arr.cast(id_type)
 
@@ -70,7 +71,7 @@ def kept_arrays(
     """Kept column values as Arrow arrays, of the given types where known (else inferred)."""
     out = {}
     for name in names:
-        arr = pa.array(columns[name], type=(types or {}).get(name))
+        arr = arrow_array(columns[name], type=(types or {}).get(name))
         # A column null so far would fix its type to null for the whole output.
         out[name] = arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
     return out
@@ -282,7 +283,7 @@ class BatchBuilder:
         """The run's type of a field after this batch (`known`, else the first value's); each row whose value
         does not fit it is reported as a bad row (naming its value in `shown`, default `values`) and added to `bad`."""
         try:
-            arr = pa.array(values, type=known)
+            arr = arrow_array(values, type=known)
         except (pa.ArrowException, OverflowError, TypeError, ValueError):
             arr = None
         if arr is not None:
@@ -500,7 +501,7 @@ def is_string_type(t: pa.DataType) -> bool:
 
 def _fits(value: Any, t: pa.DataType | None) -> bool:
     try:
-        pa.array([value], type=t)
+        arrow_array([value], type=t)
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         return False
     return True
@@ -510,7 +511,7 @@ def _first_type(values: Sequence[Any]) -> pa.DataType | None:
     for v in values:
         if v is not None:
             try:
-                return pa.array([v]).type
+                return value_type(v)
             except (pa.ArrowException, OverflowError, TypeError, ValueError):
                 return None
     return None

@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from embedcli.io.arrow_values import arrow_array, to_numpy
+
 _VECTOR_TYPES: dict[np.dtype[Any], pa.DataType] = {
     np.dtype(np.float32): pa.float32(),
     np.dtype(np.float16): pa.float16(),
@@ -34,7 +36,7 @@ def embedding_array(vectors: np.ndarray) -> pa.FixedSizeListArray:
         raise ValueError(f"expected a 2-D array (rows, dim), got shape {vectors.shape}")
     typ = embedding_type(vectors.shape[1], vectors.dtype)
     flat = np.ascontiguousarray(vectors).reshape(-1)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=typ.value_type), type=typ)
+    return pa.FixedSizeListArray.from_arrays(arrow_array(flat, typ.value_type), type=typ)
 
 
 def embedding_matrix(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -44,6 +46,6 @@ def embedding_matrix(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         raise TypeError(f"expected a fixed_size_list column, got {t}")
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     dtype = np.dtype(t.value_type.to_pandas_dtype())
-    parts = [c.flatten().to_numpy(zero_copy_only=False) for c in chunks if len(c)]
+    parts = [to_numpy(c.flatten()) for c in chunks if len(c)]
     flat = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
     return flat.reshape(-1, t.list_size).astype(dtype, copy=False)

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from embedcli.errors import ConfigRefusedError, UsageError
 
 # Qwen3-Reranker's prompt, as in its model card and vLLM's `qwen3_reranker` example.
@@ -138,6 +136,8 @@ class PairTemplate:
         self.template = template
         self.instruction = instruction or ""
         self.max_length = max_length
+        from tokenizers import Tokenizer  # here, not at import: the CLI imports this module for its flags
+
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_truncation()
         self._tok.no_padding()

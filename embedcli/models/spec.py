@@ -11,6 +11,7 @@ from typing import Any
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.checkpoint.config_sizes import check_config_sizes
+from embedcli.models.checkpoint.content_hash import hash_files
 from embedcli.models.checkpoint.families import FAMILY_FIELDS, read_reranker, read_splade
 from embedcli.models.checkpoint.late_interaction import (
     LateInteraction,
@@ -275,16 +276,7 @@ def _weights(folder: Path, allow_pickle: bool) -> tuple[str, ...]:
 
 
 def _hash_files(folder: Path, names: list[str]) -> str:
-    digest = hashlib.sha256()
-    for name in names:
-        path = folder / name
-        if not path.is_file():
-            continue
-        digest.update(name.encode())
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()[:16]
+    return hash_files(folder, names)  # remembered per file state: a rerun stats the weights, not reads them
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from embedcli.errors import (
     OutputError,
     TooManyErrors,
 )
+from embedcli.io.arrow_values import arrow_array
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.run.checks import Work, read_work
 from embedcli.run.incremental import Carry, open_previous
@@ -140,9 +141,9 @@ class Pipeline:
         types = self.source.kept_types(self.paths or [])
         id_type = self.source.id_type(self.paths or [])
         if id_type is not None and "id" in table.column_names:
-            table = table.set_column(table.column_names.index("id"), "id", pa.array([], id_type))
+            table = table.set_column(table.column_names.index("id"), "id", arrow_array([], id_type))
         for name in self.source.inputs.keep_cols:
-            column = pa.array([], types.get(name, pa.string()))
+            column = arrow_array([], types.get(name, pa.string()))
             if name in table.column_names:
                 table = table.set_column(table.column_names.index(name), name, column)
             else:

@@ -167,3 +167,26 @@ def test_a_static_model_has_no_torch_runner(tmp_path: Path) -> None:
     recipe = embed_recipe(load_model_spec(str(build_m2v(tmp_path / "m2v"))), ModelOptions(device="cpu"))
     with pytest.raises(UsageError, match="serves `embed` and `search` only"):
         build_runner(recipe)
+
+
+@pytest.mark.parametrize("values", [1, 40, 1 << 18])
+@pytest.mark.parametrize("kind", ["st", "m2v"])
+def test_table_rows_gathered_in_blocks_give_the_same_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, values: int, kind: str
+) -> None:
+    """`mean_rows` gathers a block of rows at a time: every block size gives the one-gather result, bit for bit."""
+    import embedcli.models.static as static
+    from embedcli.models.spec import load_model_spec
+
+    folder = build_st_static(tmp_path / "st") if kind == "st" else build_m2v(tmp_path / "m2v")
+    model = static.StaticModel(load_model_spec(str(folder)))
+    batch = model.token_ids(TEXTS * 3, None)
+    rows = np.split(batch.ids, np.cumsum(batch.lengths)[:-1])
+    table = model.table
+    if kind == "st":  # one float64 sum per row, as reduceat does
+        want = np.stack([table[r].astype(np.float64).sum(0) / len(r) if len(r) else np.zeros(model.dim) for r in rows])
+    else:  # model2vec: `embedding[ids].mean(0)` per row, in float32
+        want = np.stack([table[r].mean(0) if len(r) else np.zeros(model.dim, np.float32) for r in rows])
+    monkeypatch.setattr(static, "_GATHER_VALUES", values)
+    got = model.mean_rows(batch)
+    assert np.array_equal(got, want.astype(model.out_dtype))

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from embedcli.errors import ConfigRefusedError, ModelConfigError
 from embedcli.models.checkpoint.st_config import read_json
 from embedcli.models.llm_reranker import PRESETS, RerankerFlags, check_template
@@ -46,6 +44,8 @@ def _vocabulary(folder: Path) -> Any:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise ModelConfigError(f"{path}: missing; an LLM reranker's score tokens are looked up in tokenizer.json")
+    from tokenizers import Tokenizer  # here: the spec of a model that is not a reranker needs no tokenizer
+
     return Tokenizer.from_file(str(path))
 
 

@@ -36,9 +36,13 @@ def token_content(token: object) -> str | None:
 
 def _bert_normalizer(tokenizer: Tokenizer, config: dict[str, Any]) -> None:
     """Align a BertNormalizer with tokenizer_config.json, as transformers' BERT tokenizer does at load."""
-    normalizer = json.loads(tokenizer.to_str()).get("normalizer") or {}
-    if normalizer.get("type") != "BertNormalizer":
+    from tokenizers.normalizers import BertNormalizer
+
+    # The normalizer's own getters, not a parse of the whole tokenizer.json (~20 ms of every model load).
+    current = tokenizer.normalizer
+    if not isinstance(current, BertNormalizer):
         return
+    normalizer = {k: getattr(current, k) for k in ("lowercase", "strip_accents", "handle_chinese_chars", "clean_text")}
     wanted = {
         "lowercase": config.get("do_lower_case", normalizer.get("lowercase")),
         "strip_accents": config.get("strip_accents", normalizer.get("strip_accents")),
@@ -46,8 +50,6 @@ def _bert_normalizer(tokenizer: Tokenizer, config: dict[str, Any]) -> None:
     }
     if all(normalizer.get(k) == v for k, v in wanted.items()):
         return
-    from tokenizers.normalizers import BertNormalizer
-
     tokenizer.normalizer = BertNormalizer(
         clean_text=bool(normalizer.get("clean_text", True)),
         handle_chinese_chars=bool(wanted["handle_chinese_chars"]),
@@ -66,7 +68,8 @@ class SpecialTokens:
 
     def __init__(self, folder: Path, tokenizer: Tokenizer, declared: dict[str, Any] | None = None) -> None:
         self._folder = folder
-        self._encoder = Tokenizer.from_str(tokenizer.to_str())
+        self._tokenizer = tokenizer
+        self._copy: Tokenizer | None = None  # made on the first call: most runs never encode this way (~50 ms)
         self._hf: Any = None
         # `declared`: the special tokens a tokenizer class resolved (its defaults included), instead of the files'.
         files = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
@@ -89,7 +92,11 @@ class SpecialTokens:
 
     def __call__(self, text: str, pair: str | None = None) -> SimpleNamespace:
         """`text` (and `pair`) encoded with special tokens, untruncated: `.input_ids`, `.token_type_ids`."""
-        enc = self._encoder.encode(text, pair)
+        if self._copy is None:  # a copy as loaded: the packing tokenizer's truncation changes per call
+            self._copy = Tokenizer.from_str(self._tokenizer.to_str())
+            self._copy.no_truncation()
+            self._copy.no_padding()
+        enc = self._copy.encode(text, pair)
         return SimpleNamespace(input_ids=enc.ids, token_type_ids=enc.type_ids, attention_mask=enc.attention_mask)
 
     def __getattr__(self, name: str) -> Any:
