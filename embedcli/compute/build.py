@@ -29,6 +29,20 @@ class RunnerRecipe:
     threads: int | None = None
 
 
+# oneDNN (and its ideep wrapper in torch) keep every matmul kernel they build, keyed by shape, up to 1,024 each;
+# a packed forward's row count changes from pack to pack, so a run of 100k rows through a tiny model grew by
+# ~2.4 KB a row (474 -> 792 MB over 195k rows), native memory tracemalloc does not see. 64 of each keeps a
+# forward's own shapes (every layer reuses them) and bounds the rest; both are read when oneDNN first builds
+# a kernel, so they are set here, before the model loads (a value the caller set is kept).
+ONEDNN_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
+def bounded_kernel_caches() -> None:
+    """Bound oneDNN's kernel caches (see `ONEDNN_CACHES`) unless the environment sets them."""
+    for key, value in ONEDNN_CACHES.items():
+        os.environ.setdefault(key, value)
+
+
 def tokenizer_threads(threads: int | None) -> None:
     """Size the tokenizers' (Rust) thread pool to `threads`; None leaves it at all cores."""
     # The pool reads RAYON_NUM_THREADS once, when a first batch is tokenized; the runner is built before that.
@@ -53,6 +67,7 @@ def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runn
             f"{recipe.model_spec.name}: a static embedding model serves `embed` and `search` only (numpy, no torch)"
         )
     # torch loads here, not at import: a task plans its run (and may find nothing to do) without it.
+    bounded_kernel_caches()
     import torch
 
     from embedcli.compute.runner import Runner

@@ -62,6 +62,23 @@ def to_numpy(array: Any) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False))
 
 
+def byte_lengths(array: Any) -> np.ndarray:
+    """The byte length of each value of a string or binary array (0 for a null), from its offsets."""
+    t = array.type
+    if not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
+        import pyarrow.compute as pc
+
+        return np.nan_to_num(np.asarray(pc.binary_length(array).to_numpy(zero_copy_only=False), np.float64)).astype(np.int64)
+    n = len(array)
+    wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    offsets = np.frombuffer(array.buffers()[1], np.int64 if wide else np.int32, count=n + 1, offset=array.offset * (8 if wide else 4))
+    lengths = np.diff(offsets).astype(np.int64)
+    if array.null_count:
+        valid = np.unpackbits(np.frombuffer(array.buffers()[0], np.uint8), bitorder="little")[array.offset : array.offset + n]
+        lengths[valid == 0] = 0
+    return lengths
+
+
 def _plain_numeric(array: Any) -> bool:
     t = array.type
     return bool(array.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)))
@@ -75,7 +92,24 @@ def _buffer_view(array: Any) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
+def scattered(n: int, at: np.ndarray, values: Sequence[Any], type: pa.DataType) -> Any:
+    """An array of `n` nulls of `type` (fixed-size binary or integer) with `values` at rows `at`."""
+    valid = np.zeros(n, np.bool_)
+    valid[at] = True
+    if pa.types.is_fixed_size_binary(type):
+        width = type.byte_width
+        data = np.zeros((n, width), np.uint8)
+        if len(at):
+            data[at] = np.frombuffer(b"".join(values), np.uint8).reshape(len(at), width)
+    else:
+        data = np.zeros(n, np.dtype(type.to_pandas_dtype()))
+        data[at] = np.asarray(values, data.dtype)
+    return pa.Array.from_buffers(type, n, [_bitmap(valid), pa.py_buffer(np.ascontiguousarray(data))])
+
+
 def _from_numpy(values: np.ndarray, type: pa.DataType | None) -> Any:
+    if values.ndim == 1 and values.dtype.kind == "b" and (type is None or pa.types.is_boolean(type)):
+        return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
     if values.ndim != 1 or values.dtype.kind not in "iuf" or not values.dtype.isnative:
         return None
     arrow_type = pa.from_numpy_dtype(values.dtype)
@@ -91,6 +125,8 @@ def _from_list(values: Sequence[Any], type: pa.DataType | None) -> Any:
         return pa.nulls(len(values), type if type is not None else pa.null())
     if isinstance(present[0], str):
         return _strings(values, present) if type is None or pa.types.is_string(type) else None
+    if isinstance(present[0], bytes) and type is not None and pa.types.is_fixed_size_binary(type):
+        return _fixed_binary(values, present, type)
     kind = present[0].__class__
     if kind not in _SCALARS or any(v.__class__ is not kind for v in present):
         return None  # mixed kinds (int and float, str and bytes...): pa.array's inference and errors decide
@@ -124,6 +160,14 @@ def _strings(values: Sequence[Any], present: list[Any]) -> Any:
     buffers = [_bitmap(_validity(values, len(present))), pa.py_buffer(offsets.astype(np.int32)),
                pa.py_buffer(b"".join(encoded))]
     return pa.Array.from_buffers(pa.string(), len(values), buffers)
+
+
+def _fixed_binary(values: Sequence[Any], present: list[Any], type: pa.DataType) -> Any:
+    width = type.byte_width
+    if any(v.__class__ is not bytes or len(v) != width for v in present):
+        return None  # pa.array's error
+    data = b"".join(b"\0" * width if v is None else v for v in values)
+    return pa.Array.from_buffers(type, len(values), [_bitmap(_validity(values, len(present))), pa.py_buffer(data)])
 
 
 def _validity(values: Sequence[Any], present: int) -> np.ndarray | None:

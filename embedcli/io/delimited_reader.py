@@ -5,18 +5,21 @@ from __future__ import annotations
 import csv
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
 from embedcli.io.errors import InputError
+from embedcli.io.positions import WHOLE, FilePart, ReadPoint
 from embedcli.io.reader_base import (
     MAX_TEXT_CHARS,
     BatchBuilder,
     InputBatch,
+    Lines,
     ReadSpec,
     missing_column,
-    numbered_lines,
     open_binary,
+    seek_binary,
     utf8_error,
 )
 
@@ -129,56 +132,120 @@ class _Records:
         self.exhausted = False
 
 
-def read_delimited(path: str, spec: ReadSpec, prefix: str, fmt: str) -> Iterator[InputBatch]:
-    """CSV (RFC 4180 quoting) or TSV (IANA: no quoting; a tab or newline cannot occur in a field)."""
+def _lines_of(f: Any, path: str, lines: Lines, bad_lines: dict[int, UnicodeDecodeError],
+              ends: dict[int, int]) -> Iterator[tuple[int, str]]:
+    """Decoded lines (bad UTF-8 noted in `bad_lines`, kept as surrogates), each line's end offset in `ends`."""
+    for lineno, raw in lines:
+        assert raw is not None  # None marks a pause of stdin, only with idle=True
+        ends[lineno] = lines.offset
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad_lines[lineno] = e
+            yield lineno, raw.decode("utf-8", "surrogateescape")
+
+
+def _header(path: str, spec: ReadSpec, fmt: str) -> list[str]:
+    """The header row of a file (read from its start: a run resuming inside the file needs it)."""
+    bad_lines: dict[int, UnicodeDecodeError] = {}
+    with open_binary(path) as f:
+        lines = Lines(f, path)
+        for start, _, row in _Records(_lines_of(f, path, lines, bad_lines, {}), fmt):
+            if isinstance(row, InputError):
+                raise _located(row, path, start)
+            if row:
+                return row
+    return []
+
+
+def read_delimited(
+    path: str,
+    spec: ReadSpec,
+    prefix: str,
+    fmt: str,
+    part: FilePart = WHOLE,
+) -> Iterator[InputBatch]:
+    """CSV (RFC 4180 quoting) or TSV (IANA: no quoting; a tab or newline cannot occur in a field).
+
+    Blocks are 16 records (or fewer where their text passes `BLOCK_BYTES`); they carry no identity, since a
+    line of a CSV file may be inside a quoted field: a CSV or TSV file is read whole by `--incremental`."""
     if csv.field_size_limit() < MAX_FIELD_CHARS + 1:
         csv.field_size_limit(MAX_FIELD_CHARS + 1)  # long documents exceed the default 128 KiB per field
+    file, start, stop, cuts = part.file, part.start, part.stop, part.cuts
+    offset0 = start.pos if start is not None else 0
+    if stop is not None and offset0 >= stop.pos:
+        return
     bad_lines: dict[int, UnicodeDecodeError] = {}
-    b = BatchBuilder(path, spec)
+    ends: dict[int, int] = {}
+    b = BatchBuilder(path, spec, file)
+    header: list[str] | None = None
+    cols: tuple[int, int, list[int], list[int]] = (-1, -1, [], [])
+
+    def set_header(row: list[str]) -> None:
+        nonlocal header, cols
+        header = row
+        cols = _header_indices(path, header, spec)
+        # CSV/TSV fields have no types: ids stay strings, as written.
+        spec.fix_id_type(path, pa.string(), f"{fmt.upper()} fields are strings")
+
+    if offset0 > 0:
+        set_header(_header(path, spec, fmt))
+    in_block = 0  # records of the open block
+    block_bytes = 0
+    boundary: ReadPoint | None = None  # where reading stands when the open block is complete
     with open_binary(path) as f:
-
-        def decoded() -> Iterator[tuple[int, str]]:
-            for lineno, raw in numbered_lines(f, path):
-                assert raw is not None  # None marks a pause of stdin, only with idle=True
-                try:
-                    yield lineno, raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    bad_lines[lineno] = e
-                    yield lineno, raw.decode("utf-8", "surrogateescape")
-
-        header: list[str] | None = None
-        cols: tuple[int, int, list[int], list[int]] = (-1, -1, [], [])
-        records = _Records(decoded(), fmt)
-        for start, end, row in records:
-            if isinstance(row, InputError):
-                if header is None:
-                    raise _located(row, path, start)
-                spec.bad(_located(row, path, start))
-                continue
-            if not row:
+        seek_binary(f, path, offset0)
+        lines = Lines(f, path, offset=offset0, line=start.line if start is not None else 0)
+        records = _Records(_lines_of(f, path, lines, bad_lines, ends), fmt)
+        if header is not None:
+            records.width = len(header)
+        for rec_start, rec_end, row in records:
+            if not isinstance(row, InputError) and not row:
                 continue  # blank line
-            bad = next((n for n in range(start, end + 1) if n in bad_lines), None) if bad_lines else None
-            if header is None:
+            if header is None and not isinstance(row, InputError):
+                bad = next((n for n in range(rec_start, rec_end + 1) if n in bad_lines), None) if bad_lines else None
                 if bad is not None:
                     raise utf8_error(path, bad, bad_lines[bad])
-                header = row
+                set_header(row)
+                assert header is not None
                 records.width = len(header)
-                cols = _header_indices(path, header, spec)
-                # CSV/TSV fields have no types: ids stay strings, as written.
-                spec.fix_id_type(path, pa.string(), f"{fmt.upper()} fields are strings")
                 continue
-            if bad is not None:
-                err = utf8_error(path, bad, bad_lines[bad])
-                bad_lines.clear()
-                spec.bad(err)
-                continue
-            record = _record(path, prefix, fmt, header, cols, start, row, spec)
-            if record is not None:
-                b.add(*record)
+            if boundary is not None:  # a record begins after a complete block: the batch may end before it
+                if stop is not None and boundary.pos >= stop.pos:
+                    if b.has_blocks():
+                        yield b.take(boundary, grid_end=True)
+                    return
                 if b.full():
-                    yield b.take()
-    if len(b):
-        yield b.take()
+                    yield b.take(boundary)
+                boundary = None
+            if in_block == 0:
+                b.begin(rec_start)
+            for n in [n for n in ends if n < rec_start]:
+                del ends[n]
+            if isinstance(row, InputError):
+                if header is None:
+                    raise _located(row, path, rec_start)
+                b.error(_located(row, path, rec_start))
+            else:
+                bad = next((n for n in range(rec_start, rec_end + 1) if n in bad_lines), None) if bad_lines else None
+                if bad is not None:
+                    err = utf8_error(path, bad, bad_lines[bad])
+                    bad_lines.clear()
+                    b.error(err)
+                else:
+                    assert header is not None
+                    record = _record(path, prefix, fmt, header, cols, rec_start, row, b)
+                    if record is not None:
+                        b.add(*record, number=rec_start)
+                        block_bytes += len(record[2] or "")
+            in_block += 1
+            if in_block >= spec.block_lines or block_bytes >= spec.block_bytes:
+                b.end_block()
+                in_block, block_bytes = 0, 0
+                end = ends.get(rec_end, lines.offset)
+                boundary = ReadPoint(file, end, rec_end, state={"spec": spec.state()})
+    if b.has_blocks():
+        yield b.take(lambda: ReadPoint(file + 1, 0, 0, state={"spec": spec.state()}), grid_end=bool(cuts))
 
 
 def _located(err: InputError, path: str, line: int) -> InputError:
@@ -193,14 +260,14 @@ def _record(
     cols: tuple[int, int, list[int], list[int]],
     start: int,
     row: list[str],
-    spec: ReadSpec,
+    b: BatchBuilder,
 ) -> tuple[str, str, str, list[str], list[str]] | None:
     """(location, id, text, kept, extra) of a data row, or None when it is a bad row (reported)."""
     text_i, id_i, keep_i, extra_i = cols
     loc = f"line {start}"
     if len(row) != len(header):
         fix = "quote fields that contain the delimiter" if fmt == "csv" else "a TSV field cannot hold a tab"
-        spec.bad(InputError(path, f"{len(row)} fields, but the header has {len(header)}", location=loc, fix=fix))
+        b.error(InputError(path, f"{len(row)} fields, but the header has {len(header)}", location=loc, fix=fix))
         return None
     if id_i < 0:
         rid = f"{prefix}:{start}"
@@ -208,7 +275,7 @@ def _record(
         rid = row[id_i]
         if not rid:
             reason = f"id field {header[id_i]!r} is empty"
-            spec.bad(InputError(path, reason, location=loc, fix="give every record a unique id"))
+            b.error(InputError(path, reason, location=loc, fix="give every record a unique id"))
             return None
     return loc, rid, row[text_i], [row[i] for i in keep_i], [row[i] for i in extra_i]
 

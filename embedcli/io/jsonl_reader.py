@@ -13,15 +13,16 @@ import pyarrow as pa
 from embedcli.io.errors import InputError
 from embedcli.io.fingerprint import rereadable
 from embedcli.io.json_line import BadJsonLine, parse_json_line
-from embedcli.io.positions import ReadPoint
+from embedcli.io.line_blocks import LineFormat, read_line_blocks
+from embedcli.io.positions import WHOLE, FilePart
 from embedcli.io.reader_base import (
+    BadRowHandler,
     BatchBuilder,
     InputBatch,
     ReadSpec,
     missing_column,
     numbered_lines,
     open_binary,
-    seek_binary,
     type_name,
     utf8_error,
 )
@@ -38,13 +39,13 @@ def _id_hint(line: str, key: str) -> str | None:
         return None
 
 
-def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool) -> dict[str, Any] | None:
-    """The JSON object on a line, or None when the line is a bad row (reported to `spec`)."""
+def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool, bad: BadRowHandler) -> dict[str, Any] | None:
+    """The JSON object on a line, or None when the line is a bad row (reported to `bad`)."""
     loc = f"line {lineno}"
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        spec.bad(utf8_error(path, lineno, e))
+        bad(utf8_error(path, lineno, e))
         return None
     try:
         rec = parse_json_line(line)
@@ -56,12 +57,12 @@ def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool) -> d
             + ("; for plain text, one text per line, pass --format txt" if first else ""),
             "surrogate": "write the character itself, or both halves of its surrogate pair",
         }.get(e.kind)
-        spec.bad(InputError(path, e.reason, location=loc, record_id=_id_hint(line, spec.id_col), fix=fix))
+        bad(InputError(path, e.reason, location=loc, record_id=_id_hint(line, spec.id_col), fix=fix))
         return None
     if not isinstance(rec, dict):
         if first and isinstance(rec, list):
             raise _json_array_error(path, loc)
-        spec.bad(
+        bad(
             InputError(
                 path,
                 f"expected a JSON object, got {type_name(rec)}",
@@ -88,88 +89,106 @@ def _any_record_has(path: str, key: str) -> bool:
     return False
 
 
-def decide_id_key(path: str, spec: ReadSpec) -> str | None:
-    """The id field of a (re-readable) JSONL file as `read_jsonl` decides it at the file's first record: the id
-    field when any record has it, else None (ids `file:line`). The first record's fields are checked as there
-    (InputError when a column is missing); lines before it that are not JSON objects are passed over."""
+def _first_record(path: str, spec: ReadSpec) -> dict[str, Any] | None:
+    """The first line of a file that is a JSON object, read without reporting anything (None: none)."""
     with open_binary(path) as f:
-        for lineno, raw in numbered_lines(f, path):
+        for _, raw in numbered_lines(f, path):
             if raw is None or not raw.strip():
                 continue
             try:
                 rec = parse_json_line(raw.decode("utf-8"))
             except (UnicodeDecodeError, BadJsonLine):
                 continue
-            if not isinstance(rec, dict):
-                continue
-            id_key = _check_jsonl_fields(path, f"line {lineno}", rec, spec)
-            if id_key is None and _any_record_has(path, spec.id_col):
-                id_key = spec.id_col
-            return id_key
+            if isinstance(rec, dict):
+                return rec
     return None
 
 
 def read_jsonl(
-    path: str, spec: ReadSpec, prefix: str, *, start: ReadPoint | None = None, stop: ReadPoint | None = None
+    path: str,
+    spec: ReadSpec,
+    prefix: str,
+    part: FilePart = WHOLE,
 ) -> Iterator[InputBatch]:
-    """JSON Lines; ids from the id field when any record of the file has one, else `file:line`.
+    """JSON Lines; ids from the id field when any record of the file has one, else `file:line`."""
+    # Per file: whether its id field is decided yet, the field (None: default ids), whether a record was read.
+    start = part.start
+    state: dict[str, Any] = {"decided": False, "id_key": None, "first": True}
+    if start is not None and start.state.get("file"):
+        state.update(start.state["file"])
+    elif rereadable(path):
+        _decide_early(path, spec, state)
+        if start is not None and start.pos > 0:
+            state["first"] = False  # a slice starting inside the file
 
-    From `start` (a line start inside the file: its byte offset and the lines before it; the file's id field
-    from `start.state["file"]["id_key"]`, else decided by `decide_id_key`) up to `stop` (the lines up to `stop.line`)."""
-    b = BatchBuilder(path, spec, infer_types=True)
-    id_key: str | None = None  # decided per file: spec.id_col when any record has it, else default ids
-    first = True
-    last_line = stop.line if stop is not None else None
-    with open_binary(path) as f:
-        if start is not None and start.pos:
-            seek_binary(f, path, start.pos)
-            first = False
-            known = (start.state.get("file") or {})
-            id_key = known["id_key"] if "id_key" in known else decide_id_key(path, spec)
-            if id_key is None:
-                spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} field: ids are file:line")
-        for lineno, raw in numbered_lines(f, path, idle=True, start_line=start.line if start is not None else 0):
-            if raw is None:
-                if len(b):
-                    yield b.take()  # the writer paused: stream what arrived (stdin runs never resume)
-                continue
-            if last_line is not None and lineno > last_line:
-                break
-            if not raw.strip():
-                continue
-            rec = _parse(path, lineno, raw, spec, first)
-            if rec is None:
-                continue
-            loc = f"line {lineno}"
-            if first:
-                first = False
-                id_key = _check_jsonl_fields(path, loc, rec, spec)
-                if id_key is None and rereadable(path) and _any_record_has(path, spec.id_col):
-                    id_key = spec.id_col  # a later record has ids: every record must have one
-                if id_key is None:
-                    spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} field: ids are file:line")
-            if id_key is None:
-                if spec.id_col in rec:
-                    spec.bad(_late_id_error(path, loc, spec.id_col))
-                    continue
-                rid = f"{prefix}:{lineno}"
-            else:
-                rid_or_none = _record_id(path, loc, rec.get(id_key, _MISSING), id_key, spec)
-                if rid_or_none is None:
-                    continue
-                rid = rid_or_none
-            text = rec.get(spec.text_col)
-            extra = [rec.get(c) for c in spec.extra_text_cols]
+    def decide(loc: str, rec: dict[str, Any]) -> None:
+        id_key = _check_jsonl_fields(path, loc, rec, spec)
+        if id_key is None and rereadable(path) and _any_record_has(path, spec.id_col):
+            id_key = spec.id_col  # a later record has ids: every record must have one
+        if id_key is None:
+            spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} field: ids are file:line")
+        state["id_key"], state["decided"] = id_key, True
+
+    def parse(b: BatchBuilder, lineno: int, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        rec = _parse(path, lineno, raw, spec, state["first"], b.error)
+        if rec is None:
+            return
+        loc = f"line {lineno}"
+        if state["first"]:
+            state["first"] = False
+            if not state["decided"]:
+                decide(loc, rec)
+        id_key = state["id_key"]
+        if id_key is None:
+            if spec.id_col in rec:
+                b.error(_late_id_error(path, loc, spec.id_col))
+                return
+            rid = f"{prefix}:{lineno}"
+        else:
+            rid_or_none = _record_id(path, loc, rec.get(id_key, _MISSING), id_key, b.error)
+            if rid_or_none is None:
+                return
+            rid = rid_or_none
+        text = rec.get(spec.text_col)
+        extra = [rec.get(c) for c in spec.extra_text_cols] if spec.extra_text_cols else []
+        if not isinstance(text, str) or extra:  # (a string text, no other text field: nothing to check)
             if not all(
-                _text_ok(path, loc, rid, c, v, spec)
+                _text_ok(path, loc, rid, c, v, b.error)
                 for c, v in zip((spec.text_col, *spec.extra_text_cols), (text, *extra), strict=True)
             ):
-                continue
-            b.add(loc, rid, text, [rec.get(c) for c in spec.keep_cols], extra, rec.get(id_key) if id_key else None)
-            if b.full():
-                yield b.take()
-    if len(b):
-        yield b.take()
+                return
+        b.add(loc, rid, text, [rec.get(c) for c in spec.keep_cols], extra, rec.get(id_key) if id_key else None,
+              number=lineno)
+
+    def context() -> str | None:
+        types = spec.context()
+        if types is None or not state["decided"]:
+            return None
+        # the file's name counts where it makes the ids (`file:line`); with an id field, a renamed copy carries over
+        named = prefix if state["id_key"] is None else ""
+        return f"jsonl\x00{named}\x00{state['id_key']}\x00{types}"
+
+    fmt = LineFormat(parse, context, lambda: dict(state), lambda: BatchBuilder(path, spec, part.file, infer_types=True))
+    yield from read_line_blocks(path, spec, fmt, part, idle=True)
+
+
+def _decide_early(path: str, spec: ReadSpec, state: dict[str, Any]) -> None:
+    """Decide a file's id field from its first record before reading it, so its first blocks can be carried
+    over; left to the first record's reading when that record would stop the run (a missing field)."""
+    rec = _first_record(path, spec)
+    if rec is None:
+        return
+    try:
+        id_key = _check_jsonl_fields(path, "line 1", rec, spec)
+    except InputError:
+        return
+    if id_key is None and _any_record_has(path, spec.id_col):
+        id_key = spec.id_col
+    if id_key is None:
+        spec.fix_id_type(path, pa.string(), f"no {spec.id_col!r} field: ids are file:line")
+    state["id_key"], state["decided"] = id_key, True
 
 
 def _late_id_error(path: str, loc: str, key: str) -> InputError:
@@ -211,7 +230,7 @@ def _check_jsonl_fields(path: str, loc: str, rec: dict[str, Any], spec: ReadSpec
     return None
 
 
-def _record_id(path: str, loc: str, value: Any, key: str, spec: ReadSpec) -> str | None:
+def _record_id(path: str, loc: str, value: Any, key: str, bad: BadRowHandler) -> str | None:
     """Return the record's id as a string, or report a bad id (returning None when skipped)."""
     if isinstance(value, str) and value:
         return value
@@ -225,14 +244,14 @@ def _record_id(path: str, loc: str, value: Any, key: str, spec: ReadSpec) -> str
         reason = f"id field {key!r} is empty"
     else:
         reason = f"id field {key!r} is {type_name(value)}; ids must be strings or integers"
-    spec.bad(InputError(path, reason, location=loc, fix="give every record a unique id"))
+    bad(InputError(path, reason, location=loc, fix="give every record a unique id"))
     return None
 
 
-def _text_ok(path: str, loc: str, rid: str, col: str, value: Any, spec: ReadSpec) -> bool:
+def _text_ok(path: str, loc: str, rid: str, col: str, value: Any, bad: BadRowHandler) -> bool:
     if value is None or isinstance(value, str):
         return True
-    spec.bad(
+    bad(
         InputError(
             path,
             f"text field {col!r} is {type_name(value)}; expected a string or null",

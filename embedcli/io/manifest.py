@@ -4,12 +4,15 @@ Layout of the staging area of `-o OUT` (`OUT.embedcli-staging/`, next to OUT so 
 
     part-000000.parquet            committed shards, rows in input order (one file per commit)
     _embedcli/manifest.json        this manifest: the only source of truth about what is committed
-    _embedcli/index-000000.parquet (id, key) of every row of part-000000, for --incremental
+    _embedcli/index-000000.parquet the row index of shard 0 (key, id hash, location, blocks), for --incremental
+    _embedcli/refs-000000.npy      rows of shard 0 taken over from the previous output (its row numbers)
     _embedcli/errors-000000.jsonl  rows skipped under --on-error skip while making part-000000
     .part-000001.parquet.tmp-PID   a shard being written (deleted as stale when a run resumes)
 
 A shard is committed by renaming its files into place and then rewriting the manifest atomically
-(temp file, fsync, rename). Files the manifest does not list are leftovers of a killed run.
+(temp file, fsync, rename). Files the manifest does not list are leftovers of a killed run. Each shard
+records where reading goes on after it (`end`, a `ReadPoint`: input file, byte offset or row, reader
+state), so a resumed run seeks there instead of reading the committed records again.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from embedcli.io.sidecar import check_sidecar
 from embedcli.io.sidecar import read_json_file as read_json_file
 
 MANIFEST_FORMAT = "embedcli-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: read points after each shard, rows kept by reference, input units
 META_DIR = "_embedcli"
 MANIFEST_NAME = "manifest.json"
 
@@ -180,6 +183,7 @@ class ShardEntry:
     errors: int = 0
     index: str | None = None
     errors_file: str | None = None
+    refs: str | None = None  # rows taken over from the previous output, by row (`_embedcli/refs-NNNNNN.npy`)
     end: dict[str, Any] | None = None  # where reading goes on after it (`embedcli.io.positions.ReadPoint`)
 
 
@@ -202,6 +206,8 @@ class Manifest:
     complete: bool = False
     output_key: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    previous: dict[str, str] | None = None  # the output rows are taken over from: {"path", "output_key"}
+    units: str | None = None  # the run's `embedcli.io.units.InputUnits` so far (JSON)
     format: str = MANIFEST_FORMAT
     version: int = MANIFEST_VERSION
 

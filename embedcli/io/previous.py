@@ -1,4 +1,5 @@
-"""Reading a previous output back for `--incremental`: its rows by row key, a row group at a time."""
+"""Reading a previous output back for `--incremental`: its rows by row key, its row index by row, and the
+blocks, files and row groups it can give back whole (`embedcli.io.positions`, `embedcli.io.units`)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import contextlib
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.arrow_values import read_parquet
+from embedcli.io.arrow_values import arrow_array
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import InputError
 from embedcli.io.manifest import (
@@ -23,42 +25,142 @@ from embedcli.io.manifest import (
     Manifest,
     output_metadata,
 )
-from embedcli.io.shards import KEY_WIDTH, keys_numpy
+from embedcli.io.shards import INDEX_COLUMNS, KEY_WIDTH, keys_numpy
+from embedcli.io.units import KEY_UNITS, InputUnits
+
+
+class _Segments:
+    """Rows of a sequence of Parquet files read by global row, a row group at a time (a small cache)."""
+
+    def __init__(self, files: Sequence[str]) -> None:
+        self.files = list(files)
+        self.groups: list[tuple[int, int]] = []  # (file index, row group)
+        counts = []
+        self._open: dict[int, pq.ParquetFile] = {}
+        for i, f in enumerate(self.files):
+            md = pq.ParquetFile(arrow_source(f)).metadata
+            for g in range(md.num_row_groups):
+                self.groups.append((i, g))
+                counts.append(md.row_group(g).num_rows)
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64) if counts else np.zeros(1, np.int64)
+        self.rows = int(self.starts[-1])
+        self._cache: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
+
+    def group(self, seg: int, columns: tuple[str, ...]) -> pa.Table:
+        key = (seg, columns)
+        table = self._cache.get(key)
+        if table is not None:
+            self._cache.move_to_end(key)
+            return table
+        i, g = self.groups[seg]
+        pf = self._open.get(i)
+        if pf is None:
+            pf = self._open[i] = pq.ParquetFile(arrow_source(self.files[i]))
+        table = pf.read_row_group(g, columns=list(columns))
+        self._cache[key] = table
+        if len(self._cache) > 4:
+            self._cache.popitem(last=False)
+        return table
+
+    def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """Rows `rows` (in that order) of `columns`; runs of consecutive rows are sliced, not gathered."""
+        cols = tuple(columns)
+        rows = np.asarray(rows, dtype=np.int64)
+        seg = np.searchsorted(self.starts, rows, side="right") - 1
+        pieces: list[pa.Table] = []
+        i, n = 0, len(rows)
+        while i < n:
+            s = int(seg[i])
+            j = i + int(np.searchsorted(seg[i:], s, side="right"))
+            local = rows[i:j] - self.starts[s]
+            table = self.group(s, cols)
+            if len(local) and int(local[-1]) - int(local[0]) == len(local) - 1 and bool(np.all(np.diff(local) == 1)):
+                pieces.append(table.slice(int(local[0]), len(local)))
+            else:
+                pieces.append(table.take(arrow_array(local)))
+            i = j
+        return pa.concat_tables(pieces).combine_chunks() if len(pieces) != 1 else pieces[0].combine_chunks()
+
+    def slice(self, start: int, stop: int, columns: Sequence[str]) -> pa.Table:
+        """Rows `[start, stop)` of `columns`."""
+        cols = tuple(columns)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        pieces = []
+        seg = first
+        while start < stop:
+            lo = int(self.starts[seg])
+            n = min(stop, int(self.starts[seg + 1])) - start
+            pieces.append(self.group(seg, cols).slice(start - lo, n))
+            start += n
+            seg += 1
+        if not pieces:
+            return self.group(max(first, 0), cols).slice(0, 0) if self.groups else pa.table({})
+        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
+
+    def close(self) -> None:
+        for pf in self._open.values():
+            with contextlib.suppress(Exception):
+                pf.close()
+        self._open.clear()
+        self._cache.clear()
 
 
 class PreviousOutput:
-    """A finished embedcli output (Parquet file or shard directory) with its row-key index.
+    """A finished embedcli output (Parquet file or shard directory) with its row index.
 
-    `lookup(keys)` gives the row of each key (-1 when absent); `take(rows, columns)` reads those rows,
-    a row group at a time through a small cache, so a corpus in a stable order reads each group once.
-    """
+    `lookup(keys)` gives the row of each row key (-1 when absent); `take(rows, columns)` reads rows; `index(
+    start, stop)` its row index's columns for rows `[start, stop)`; `blocks` and `units` what it can give
+    back whole, by identity."""
 
     def __init__(
         self,
         path: str,
         metadata: dict[str, str],
-        segments: list[tuple[str, int, int]],
+        data_files: list[str],
         schema: pa.Schema,
-        keys: np.ndarray | None,
+        index_files: list[str] | None,
+        units: InputUnits,
     ) -> None:
         self.path = path
         self.metadata = metadata
         self.schema = schema
-        self._files = [s[0] for s in segments]
-        self._groups = [s[1] for s in segments]
-        counts = np.asarray([s[2] for s in segments], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)]) if len(counts) else np.zeros(1, np.int64)
-        self.rows = int(self._starts[-1])
+        self.data = _Segments(data_files)
+        self.rows = self.data.rows
+        self.units = units
+        self.index: _Segments | None = None
+        keys = None
+        if index_files:
+            try:
+                self.index = _Segments(index_files)
+                keys = self._keys()
+            except (pa.ArrowException, OSError, KeyError):
+                self.index, keys = None, None
         self.keys_ok = keys is not None and len(keys) == self.rows
-        if self.keys_ok:
-            assert keys is not None
-            self._order = np.argsort(keys, kind="stable")
-            self._sorted = keys[self._order]
-        else:
-            self._order = np.zeros(0, np.int64)
-            self._sorted = np.zeros(0, f"S{KEY_WIDTH}")
-        self._cache: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
-        self._files_open: dict[str, pq.ParquetFile] = {}
+        self.keys = keys if self.keys_ok and keys is not None else np.zeros(0, f"S{KEY_WIDTH}")
+        prefix = self.keys.view(np.uint8).reshape(-1, KEY_WIDTH)[:, :8].copy().view("<u8").reshape(-1)
+        self._order = np.argsort(prefix, kind="stable")
+        self._prefix = prefix[self._order]
+        self.columns: set[str] = set()
+        if self.index is not None and self.index.files:
+            self.columns = set(pq.read_schema(arrow_source(self.index.files[0])).names)
+
+    def _batches(self, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        """The row index's `columns`, a batch at a time (never a whole column of a big index at once)."""
+        assert self.index is not None
+        for f in self.index.files:
+            with pq.ParquetFile(arrow_source(f)) as pf:
+                yield from pf.iter_batches(batch_size=1 << 16, columns=columns)
+
+    def _keys(self) -> np.ndarray:
+        """Every row key, in row order (`S16`)."""
+        assert self.index is not None
+        keys = np.empty(self.index.rows, dtype=f"S{KEY_WIDTH}")
+        at = 0
+        for rb in self._batches(["key"]):
+            part = keys_numpy(rb.column(0))
+            keys[at : at + len(part)] = part
+            at += len(part)
+        return keys[:at]
 
     @property
     def keep_cols(self) -> list[str]:
@@ -67,6 +169,16 @@ class PreviousOutput:
             return list(json.loads(self.metadata.get(KEY_INPUT_OPTIONS, "{}")).get("keep_cols") or [])
         except ValueError:
             return []
+
+    @property
+    def config_key(self) -> str | None:
+        """The config key the previous output was made with."""
+        return self.metadata.get(KEY_CONFIG_KEY)
+
+    @property
+    def output_key(self) -> str | None:
+        """The content key the previous output was published with."""
+        return self.metadata.get(KEY_OUTPUT)
 
     @classmethod
     def open(cls, path: str) -> PreviousOutput:
@@ -84,99 +196,91 @@ class PreviousOutput:
         if os.path.isdir(path):
             manifest = Manifest.load(path)
             assert manifest is not None
-            segments: list[tuple[str, int, int]] = []
-            schema = None
-            for s in manifest.shards:
-                if not s.file:
-                    continue
-                f = os.path.join(path, s.file)
-                md = pq.ParquetFile(arrow_source(f)).metadata
-                schema = schema or pq.read_schema(arrow_source(f))
-                segments += [(f, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
-            keys = None
-            if manifest.indexed:
-                files = [os.path.join(path, s.index) for s in manifest.shards if s.index]
-                keys = np.concatenate([keys_numpy(read_parquet(arrow_source(f)).column("key")) for f in files]) if files else None
-            if schema is None:
-                return cls(path, meta, [], pa.schema([]), np.zeros(0, f"S{KEY_WIDTH}"))
-            return cls(path, meta, segments, schema, keys)
+            files = [os.path.join(path, s.file) for s in manifest.shards if s.file]
+            schema = pq.read_schema(arrow_source(files[0])) if files else pa.schema([])
+            index = [os.path.join(path, s.index) for s in manifest.shards if s.index] if manifest.indexed else None
+            return cls(path, meta, files, schema, index, InputUnits.from_json(manifest.units))
         try:
             pf = pq.ParquetFile(arrow_source(path))
         except (pa.ArrowException, OSError) as e:
             raise InputError(
                 path, f"the previous output is not a readable Parquet file: {e}", fix="drop --incremental"
             ) from None
-        md = pf.metadata
-        segments = [(path, g, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
-        keys = None
+        schema = pf.schema_arrow
+        pf.close()
         sidecar = path + INDEX_SUFFIX
+        index, units = None, InputUnits()
         if os.path.isfile(sidecar):
             try:
-                index = read_parquet(arrow_source(sidecar))
-                tag = (index.schema.metadata or {}).get(KEY_OUTPUT.encode(), b"").decode()
+                md = pq.read_schema(arrow_source(sidecar)).metadata or {}
+                tag = md.get(KEY_OUTPUT.encode(), b"").decode()
                 if tag and tag == meta.get(KEY_OUTPUT):
-                    keys = keys_numpy(index.column("key"))
-            except (pa.ArrowException, OSError, KeyError):
-                keys = None
-        return cls(path, meta, segments, pf.schema_arrow, keys)
-
-    @property
-    def config_key(self) -> str | None:
-        """The config key the previous output was made with."""
-        return self.metadata.get(KEY_CONFIG_KEY)
+                    index = [sidecar]
+                    units = InputUnits.from_json(md.get(KEY_UNITS.encode(), b"").decode() or None)
+            except (pa.ArrowException, OSError):
+                index = None
+        return cls(path, meta, [path], schema, index, units)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key in the previous output, -1 where it has none."""
         out = np.full(len(keys), -1, dtype=np.int64)
-        if not self.keys_ok or not len(keys) or not len(self._sorted):
+        if not self.keys_ok or not len(keys) or not len(self._prefix):
             return out
-        pos = np.searchsorted(self._sorted, keys)
-        pos_c = np.minimum(pos, len(self._sorted) - 1)
-        hit = self._sorted[pos_c] == keys
-        out[hit] = self._order[pos_c[hit]]
+        keys = np.ascontiguousarray(keys, dtype=f"S{KEY_WIDTH}")
+        q = keys.view(np.uint8).reshape(-1, KEY_WIDTH)[:, :8].copy().view("<u8").reshape(-1)
+        pos = np.minimum(np.searchsorted(self._prefix, q), len(self._prefix) - 1)
+        cand = self._order[pos]
+        hit = (self._prefix[pos] == q) & (self.keys[cand] == keys)
+        out[hit] = cand[hit]
+        for i in np.nonzero((self._prefix[pos] == q) & ~hit)[0]:  # a shared 8-byte prefix (about never): look on
+            j = int(pos[i])
+            while j < len(self._prefix) and self._prefix[j] == q[i]:
+                if self.keys[self._order[j]] == keys[i]:
+                    out[i] = self._order[j]
+                    break
+                j += 1
         return out
-
-    def _group(self, seg: int, columns: tuple[str, ...]) -> pa.Table:
-        key = (seg, columns)
-        table = self._cache.get(key)
-        if table is not None:
-            self._cache.move_to_end(key)
-            return table
-        path = self._files[seg]
-        pf = self._files_open.get(path)
-        if pf is None:
-            pf = self._files_open[path] = pq.ParquetFile(arrow_source(path))
-        table = pf.read_row_group(self._groups[seg], columns=list(columns))
-        self._cache[key] = table
-        if len(self._cache) > 4:
-            self._cache.popitem(last=False)
-        return table
 
     def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """Rows `rows` (in that order) of `columns`."""
-        cols = tuple(columns)
         rows = np.asarray(rows, dtype=np.int64)
         if not len(rows):
-            return self.schema.empty_table().select(list(cols))
-        seg = np.searchsorted(self._starts, rows, side="right") - 1
-        pieces: list[pa.Table] = []
-        positions: list[np.ndarray] = []
-        for s in np.unique(seg).tolist():
-            where = np.nonzero(seg == s)[0]
-            local = rows[where] - self._starts[s]
-            pieces.append(self._group(s, cols).take(pa.array(local)))
-            positions.append(where)
-        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-        order = np.concatenate(positions)
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        return table.take(pa.array(inverse)).combine_chunks()
+            return self.schema.empty_table().select(list(columns))
+        return self.data.take(rows, columns)
+
+    def index_rows(self, start: int, stop: int) -> pa.Table:
+        """The row index (INDEX_COLUMNS that it has) of rows `[start, stop)`."""
+        assert self.index is not None
+        columns = [c for c in INDEX_COLUMNS if c in self.columns]
+        return self.index.slice(start, stop, columns)
+
+    def has_ids(self) -> bool:
+        """Whether the row index has the id hashes and locations a run needs to carry rows over unread."""
+        return self.index is not None and self.keys_ok and {"idh", "loc", "block", "block_rows"} <= self.columns
+
+    def blocks(self) -> dict[bytes, tuple[int, int]]:
+        """Block identity -> (first row, rows) of every block the previous output has whole."""
+        if not self.has_ids():
+            return {}
+        out: dict[bytes, tuple[int, int]] = {}
+        at = 0
+        for rb in self._batches(["block", "block_rows"]):
+            ident, rows = rb.column(0), rb.column(1)
+            where = np.nonzero(np.asarray(ident.is_valid()))[0]
+            if len(where):
+                marks = ident.take(arrow_array(where)).to_pylist()
+                counts = np.asarray(rows.take(arrow_array(where)).fill_null(0)).tolist()
+                for i, r, c in zip(marks, (where + at).tolist(), counts, strict=True):
+                    out[i] = (r, c)
+            at += rb.num_rows
+        return out
+
+    def unit_map(self) -> dict[bytes, tuple[int, int, Any]]:
+        """File and row-group identity -> (first row, rows, readers' state after it) of what it has whole."""
+        return self.units.carry_map() if self.has_ids() else {}
 
     def close(self) -> None:
-        """Release open files and the cache."""
-        for pf in self._files_open.values():
-            with contextlib.suppress(Exception):
-                pf.close()
-        self._files_open.clear()
-        self._cache.clear()
-
+        """Release open files and the caches."""
+        self.data.close()
+        if self.index is not None:
+            self.index.close()

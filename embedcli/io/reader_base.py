@@ -20,7 +20,16 @@ import pyarrow as pa
 from embedcli.io.arrow_values import arrow_array, value_type
 from embedcli.io.errors import STDIN, InputError
 from embedcli.io.location import is_url, open_stream
-from embedcli.io.positions import parse_type_state, type_state
+from embedcli.io.positions import (
+    BLOCK_BYTES,
+    BLOCK_LINES,
+    Block,
+    Carried,
+    ReadPoint,
+    digest,
+    parse_type_state,
+    type_state,
+)
 from embedcli.io.stdin_head import pending_head, stdin_stream
 
 BOM = b"\xef\xbb\xbf"
@@ -34,7 +43,12 @@ BadRowHandler = Callable[[InputError], None]
 
 @dataclass
 class InputBatch:
-    """Consecutive records of one input file, in file order, with their locations and ids."""
+    """Consecutive records of one input file, in file order, with their locations and ids.
+
+    Readers of a run cut batches at block boundaries (`embedcli.io.positions`): `blocks` lists them, each
+    with its parsed rows or the rows it carries over; `end` is where reading goes on after the batch
+    (None where the input cannot be read again, e.g. stdin); `grid_end` marks a batch that ends at one of
+    the run's cut points (`--shard` slices end there)."""
 
     source: str
     locations: list[str]
@@ -44,10 +58,25 @@ class InputBatch:
     extra_texts: dict[str, list[str | None]] = field(default_factory=dict)
     column_types: dict[str, pa.DataType] = field(default_factory=dict)
     id_type: pa.DataType = field(default_factory=pa.string)  # of the input's ids; `ids` holds their string form
+    numbers: list[int] | None = None  # the line (text) or row (Parquet) number of each row
+    blocks: list[Block] = field(default_factory=list)
+    end: ReadPoint | None = None
+    grid_end: bool = False
+    sources: list[str] | None = None  # per row, where a batch joins rows of several files
+    exits: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (file, reader state) of files ended in it
 
     def __len__(self) -> int:
         """Return the number of records in the batch."""
         return len(self.ids)
+
+    def source_of(self, i: int) -> str:
+        """The file row `i` comes from."""
+        return self.sources[i] if self.sources is not None else self.source
+
+    @property
+    def records(self) -> int:
+        """Input records the batch accounts for: rows read or carried over, and bad rows (by its blocks)."""
+        return sum(b.records for b in self.blocks) if self.blocks else len(self.ids)
 
     def kept_arrays(self, names: Sequence[str]) -> dict[str, pa.Array]:
         """The kept columns as Arrow arrays of the run's type (a Parquet input's own, else the first seen)."""
@@ -90,6 +119,21 @@ class ReadSpec:
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
     id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
     null_kept: set[str] = field(default_factory=set)  # kept columns whose first batch was all null (text columns)
+    batch_records: int = 1 << 13  # a batch also ends once it accounts for this many records (rows carried over too)
+    # `--incremental`: identity -> (first row, rows) in the previous output of a block / a file or row group
+    carry_blocks: Mapping[bytes, tuple[int, int]] | None = None
+    carry_units: Mapping[bytes, tuple[int, int]] | None = None
+    identities: bool = True  # compute block identities (not for inputs read once, such as stdin)
+    block_lines: int = BLOCK_LINES  # lines (rows) of a block: 16, or `batch_rows` when that is less
+    block_bytes: int = BLOCK_BYTES  # a block ends at the line bringing its text to this: 64 KiB or 1/8 batch
+    rows_read: int = 0  # rows parsed from the inputs' text (not carried over unread)
+    _context: tuple[Any, Any, str] | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether reading more rows can no longer change the run's types (JSONL fixes them from its first
+        rows; the other formats from each file's header or schema)."""
+        return self.id_type is not None and (not self.keep_cols or all(c in self.kept_types for c in self.keep_cols))
 
     def state(self) -> dict[str, Any]:
         """The run-wide reader state (types), as JSON values: a `ReadPoint` carries it."""
@@ -100,6 +144,21 @@ class ReadSpec:
         if "types" in state:
             self.id_type, kept, self.null_kept = parse_type_state(state)
             self.kept_types.update(kept)
+
+    def context(self) -> str | None:
+        """What the rows of the same bytes depend on in the reader (its types), or None while unsettled."""
+        # kept columns' types are only ever added, never changed: their count tells the state apart
+        key = (len(self.kept_types), len(self.null_kept))
+        cached = self._context
+        if cached is not None and cached[0] is self.id_type and cached[1] == key:  # (`is`: no slow type ==)
+            return cached[2]
+        if not self.settled:
+            return None
+        kept = sorted((c, str(t)) for c, t in self.kept_types.items())
+        text = digest(str(self.id_type), kept, sorted(self.null_kept), self.text_col, self.id_col, self.id_explicit,
+                      self.keep_cols, self.extra_text_cols, self.block_lines, self.block_bytes)
+        self._context = (self.id_type, key, text)
+        return text
 
     def fix_id_type(self, path: str, t: pa.DataType, what: str) -> None:
         """Fix the run's id type to a whole input's `t` (InputError when an earlier input's differs)."""
@@ -121,29 +180,77 @@ class ReadSpec:
 
 
 class BatchBuilder:
-    """Accumulates records of one file and cuts them into batches of `batch_rows`."""
+    """Accumulates the blocks of one file, read or carried over, and hands them on as batches of whole blocks.
 
-    def __init__(self, source: str, spec: ReadSpec, infer_types: bool = False) -> None:
+    A reader opens a block (`begin`), adds its rows (`add`, `extend`) and bad rows (`error`), or adds a block
+    carried over whole (`carry`); `full()` says, at a block boundary, that the blocks so far make a batch
+    (`batch_rows` rows read, `batch_chars` characters of text, or `batch_records` records); `take` hands them
+    on. The cut depends on the data alone, so every run cuts the same batches from the same point."""
+
+    def __init__(self, source: str, spec: ReadSpec, file: int = 0, infer_types: bool = False) -> None:
         self.source = source
         self.spec = spec
+        self.file = file
         self.infer_types = infer_types  # JSON values: the first typed batch fixes each kept column's and the id's type
         self.locations: list[str] = []
+        self.numbers: list[int] = []
         self.ids: list[str] = []
         self.raw_ids: list[Any] = []  # the ids as the input has them (JSON: int or str), when inferring types
         self.texts: list[str | None] = []
         self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
         self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
         self.chars = 0  # text characters held (only counted under a `batch_chars` cap)
+        self.blocks: list[Block] = []
+        self.block: Block | None = None  # the open block
+        self.records = 0  # records of the closed blocks
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    # -- blocks ------------------------------------------------------------------------------------
+    def begin(self, start: int, identity: bytes | None = None, group: int = -1) -> None:
+        """Open a block at line/row `start` (closing the open one)."""
+        self.end_block()
+        n = len(self.ids)
+        self.block = Block(self.file, start, first=n, stop=n, identity=identity, group=group)
+
+    def end_block(self) -> None:
+        """Close the open block, if any."""
+        block = self.block
+        if block is None:
+            return
+        block.stop = len(self.ids)
+        self.block = None
+        if block.stop > block.first or block.errors:
+            self.blocks.append(block)
+            self.records += block.records
+
+    def carry(self, start: int, identity: bytes | None, carried: Carried, group: int = -1) -> None:
+        """Add a block (or a file or row group) whose rows are carried over unread."""
+        self.end_block()
+        n = len(self.ids)
+        block = Block(self.file, start, first=n, stop=n, identity=identity, group=group, carried=carried)
+        self.blocks.append(block)
+        self.records += block.records
+
+    def error(self, err: InputError) -> None:
+        """A bad row of the open block: raised, or reported and counted."""
+        self.spec.bad(err)
+        if self.block is None:
+            self.begin(0)
+        assert self.block is not None
+        self.block.errors += 1
+
+    def has_blocks(self) -> bool:
+        """Whether anything (a row, a bad row, a carried block) waits to be handed on."""
+        return bool(self.blocks) or (self.block is not None and (len(self.ids) > self.block.first or self.block.errors > 0))
 
     def too_long(self, location: str, rid: str, texts: Sequence[Any]) -> bool:
         """Report the record as a bad row when a text of it is past MAX_TEXT_CHARS."""
         size = max((len(t) for t in texts if isinstance(t, str)), default=0)
         if size <= MAX_TEXT_CHARS:
             return False
-        self.spec.bad(
+        self.error(
             InputError(
                 self.source,
                 f"a text of {size:,} characters, past the {MAX_TEXT_CHARS:,} embedcli reads",
@@ -154,12 +261,17 @@ class BatchBuilder:
         )
         return True
 
+    # -- rows --------------------------------------------------------------------------------------
     def add(
-        self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any], raw_id: Any = None
+        self, location: str, rid: str, text: str | None, kept: Sequence[Any], extra: Sequence[Any], raw_id: Any = None,
+        number: int = 0,
     ) -> None:
-        if self.too_long(location, rid, [text, *extra]):
+        if (extra or (isinstance(text, str) and len(text) > MAX_TEXT_CHARS)) and self.too_long(location, rid, [text, *extra]):
             return
+        if self.block is None:
+            self.begin(number)
         self.locations.append(location)
+        self.numbers.append(number)
         self.ids.append(rid)
         if self.infer_types:
             self.raw_ids.append(rid if raw_id is None else raw_id)
@@ -174,18 +286,23 @@ class BatchBuilder:
     def extend(
         self,
         locations: list[str],
+        numbers: list[int],
         ids: list[str],
         texts: list[str | None],
         kept: dict[str, list[Any]],
         extra: dict[str, list[Any]],
     ) -> None:
+        """Rows of the open block, many at once."""
         longest = max((len(t) for col in (texts, *extra.values()) for t in col if isinstance(t, str)), default=0)
         if longest > MAX_TEXT_CHARS:  # rare: fall back to one record at a time
             for j, loc in enumerate(locations):
                 self.add(loc, ids[j], texts[j], [kept[c][j] for c in self.spec.keep_cols],
-                         [extra[c][j] for c in self.spec.extra_text_cols])
+                         [extra[c][j] for c in self.spec.extra_text_cols], number=numbers[j])
             return
+        if self.block is None:
+            self.begin(numbers[0] if numbers else 0)
         self.locations += locations
+        self.numbers += numbers
         self.ids += ids
         self.texts += texts
         if self.spec.batch_chars is not None:
@@ -196,45 +313,40 @@ class BatchBuilder:
             self.extra[col] += extra[col]
 
     def full(self) -> bool:
+        """Whether the closed blocks make a batch (asked at a block boundary)."""
         cap = self.spec.batch_chars
-        return len(self.ids) >= self.spec.batch_rows or (cap is not None and self.chars >= cap)
+        return (
+            len(self.ids) >= self.spec.batch_rows
+            or (cap is not None and self.chars >= cap)
+            or self.records >= self.spec.batch_records
+        )
 
-    def _cut(self) -> int:
-        """Rows of the next full batch: `batch_rows`, or fewer where the texts reach `batch_chars`."""
-        n = min(len(self.ids), self.spec.batch_rows)
-        cap = self.spec.batch_chars
-        if cap is None:
-            return n
-        used = 0
-        for i in range(n):
-            used += len(self.texts[i] or "")
-            if used >= cap:
-                return i + 1
-        return n
-
-    def take(self, n: int | None = None) -> InputBatch:
-        """Remove and return the first `n` records (all when None) as a batch."""
-        n = len(self.ids) if n is None else n
-        if self.spec.batch_chars is not None:
-            self.chars -= sum(len(t) for t in self.texts[:n] if t is not None)
+    def take(self, end: ReadPoint | Callable[[], ReadPoint] | None = None, grid_end: bool = False) -> InputBatch:
+        """Hand on every block so far (the open one closed) as a batch that reading goes on after at `end`
+        (a callable: asked once the batch's rows are typed, so the point carries the types they fixed)."""
+        self.end_block()
         batch = InputBatch(
             source=self.source,
-            locations=self.locations[:n],
-            ids=self.ids[:n],
-            texts=self.texts[:n],
-            columns={c: v[:n] for c, v in self.columns.items()},
-            extra_texts={c: v[:n] for c, v in self.extra.items()},
+            locations=self.locations,
+            ids=self.ids,
+            texts=self.texts,
+            columns=self.columns,
+            extra_texts=self.extra,
+            numbers=self.numbers,
+            blocks=self.blocks,
+            grid_end=grid_end,
         )
-        raw_ids = self.raw_ids[:n]
-        del self.locations[:n], self.ids[:n], self.texts[:n], self.raw_ids[:n]
-        for v in self.columns.values():
-            del v[:n]
-        for v in self.extra.values():
-            del v[:n]
-        if self.infer_types:
+        raw_ids = self.raw_ids
+        self.locations, self.numbers, self.ids, self.texts, self.raw_ids = [], [], [], [], []
+        self.columns = {c: [] for c in self.spec.keep_cols}
+        self.extra = {c: [] for c in self.spec.extra_text_cols}
+        self.blocks, self.records, self.chars = [], 0, 0
+        self.spec.rows_read += len(batch.ids)
+        if self.infer_types and batch.ids:
             batch = self._typed(batch, raw_ids)
         batch.column_types = {c: t for c in self.spec.keep_cols if (t := self.spec.kept_types.get(c)) is not None}
         batch.id_type = self.spec.id_type or pa.string()
+        batch.end = end() if callable(end) else end
         return batch
 
     def _typed(self, batch: InputBatch, raw_ids: list[Any]) -> InputBatch:
@@ -262,6 +374,14 @@ class BatchBuilder:
         if not bad:
             return batch
         keep = [j for j in range(len(batch)) if j not in bad]
+        kept_before = 0
+        for block in batch.blocks:  # the dropped rows are bad rows of their blocks now
+            dropped = sum(1 for j in bad if block.first <= j < block.stop)
+            size = block.stop - block.first - dropped
+            block.errors += dropped
+            block.first, block.stop = kept_before, kept_before + size
+            kept_before += size
+        numbers = batch.numbers or []
         return InputBatch(
             source=batch.source,
             locations=[batch.locations[j] for j in keep],
@@ -269,6 +389,10 @@ class BatchBuilder:
             texts=[batch.texts[j] for j in keep],
             columns={c: [v[j] for j in keep] for c, v in batch.columns.items()},
             extra_texts={c: [v[j] for j in keep] for c, v in batch.extra_texts.items()},
+            numbers=[numbers[j] for j in keep] if numbers else None,
+            blocks=batch.blocks,
+            end=batch.end,
+            grid_end=batch.grid_end,
         )
 
     def _check_type(
@@ -303,11 +427,6 @@ class BatchBuilder:
                     )
                 )
         return known if ref is None or pa.types.is_null(ref) else ref
-
-    def drain_full(self) -> Iterator[InputBatch]:
-        while self.ids and (len(self.ids) >= self.spec.batch_rows or self._cut() < len(self.ids)):
-            yield self.take(self._cut())
-
 
 # --------------------------------------------------------------------------------------------------
 # Byte-level helpers
@@ -414,42 +533,56 @@ def pipe_lines(f: IO[bytes]) -> Iterator[bytes | None]:
         yield pending
 
 
-def numbered_lines(
-    f: IO[bytes], path: str, idle: bool = False, start_line: int = 0
-) -> Iterator[tuple[int, bytes | None]]:
-    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed.
+class Lines:
+    """The lines of an open text input with their numbers; `offset` is the byte offset (in the decompressed
+    stream) after the last line handed out, so a later run can seek there (`seek_binary`)."""
 
-    With `idle` (stdin), (line number, None) marks a pause of the writer: the caller hands on what it holds.
-    `start_line`: the lines before where `f` stands (it was moved there by `seek_binary`).
-    """
-    lineno = start_line
-    try:
-        for raw in pipe_lines(f) if idle and path == STDIN else f:
-            if raw is None:
-                yield lineno, None
-                continue
-            lineno += 1
-            if lineno == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM) :]
-            yield lineno, raw
-    except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as e:
-        raise InputError(
-            path, f"cannot read the file: {one_line(e)}", location=f"line {lineno + 1}"
-        ) from None
+    def __init__(self, f: IO[bytes], path: str, idle: bool = False, offset: int = 0, line: int = 0) -> None:
+        self.f = f
+        self.path = path
+        self.idle = idle
+        self.offset = offset
+        self.line = line
+
+    def __iter__(self) -> Iterator[tuple[int, bytes | None]]:
+        """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed.
+
+        With `idle` (stdin), (line number, None) marks a pause of the writer: the caller hands on what it holds.
+        """
+        try:
+            for raw in pipe_lines(self.f) if self.idle and self.path == STDIN else self.f:
+                if raw is None:
+                    yield self.line, None
+                    continue
+                self.line += 1
+                at_start = self.offset == 0
+                self.offset += len(raw)
+                if at_start and raw.startswith(BOM):
+                    raw = raw[len(BOM) :]
+                yield self.line, raw
+        except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as e:
+            raise InputError(
+                self.path, f"cannot read the file: {one_line(e)}", location=f"line {self.line + 1}"
+            ) from None
+
+
+def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (1-based line number, raw line) lazily, with a leading UTF-8 BOM removed (see `Lines`)."""
+    yield from Lines(f, path, idle)
 
 
 def seek_binary(f: IO[bytes], path: str, offset: int) -> None:
     """Move an input opened by `open_binary` to byte `offset` of its (decompressed) content."""
     if offset <= 0:
         return
-    if compression_of(path) is None and not is_url(path):
+    if compression_of(path) is None and f.seekable():
         f.seek(offset)
         return
-    left = offset  # a stream: decompressed (or fetched) and dropped up to there; nothing is parsed
+    left = offset  # a compressed stream or an object's: read and dropped up to there (nothing is parsed)
     while left:
         chunk = f.read(min(left, 1 << 20))
         if not chunk:
-            raise InputError(path, f"is shorter than when its reading was planned ({offset:,} bytes)")
+            raise InputError(path, f"is shorter than when its reading was recorded ({offset:,} bytes)")
         left -= len(chunk)
 
 

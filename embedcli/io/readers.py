@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from glob import glob
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +28,17 @@ from embedcli.io.fingerprint import (
 from embedcli.io.jsonl_reader import read_jsonl
 from embedcli.io.location import expand_url, is_url, local_path
 from embedcli.io.parquet_reader import read_parquet
-from embedcli.io.positions import ReadPoint
+from embedcli.io.positions import (
+    BLOCK_BYTES,
+    BLOCK_LINES,
+    UNIT_PIECE,
+    Block,
+    Carried,
+    FilePart,
+    ReadPoint,
+    digest,
+    identity,
+)
 from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec, compression_of, without_compression
 from embedcli.io.text_reader import read_txt
 
@@ -153,6 +165,10 @@ def read_inputs(
     batch_chars: int | None = None,
     start: ReadPoint | None = None,
     stop: ReadPoint | None = None,
+    cuts: Mapping[int, Sequence[int]] | None = None,
+    fingerprints: Sequence[Mapping[str, Any]] | None = None,
+    carry_blocks: Mapping[bytes, tuple[int, int]] | None = None,
+    carry_units: Mapping[bytes, tuple[int, int, Any]] | None = None,
 ) -> InputReader:
     """Stream records from files, globs or `-` (stdin) as InputBatch objects, in input order.
 
@@ -161,12 +177,14 @@ def read_inputs(
     reading); column checks happen as each file is opened. Row-level problems (bad UTF-8, malformed
     JSON, a non-object line, a null/empty/badly typed id or text type, a CSV row with the wrong
     number of fields) raise InputError, or, when `on_bad_row` is given, are passed to it and the row
-    is skipped. Null text is never an error here: it comes through as None. With `batch_chars` a batch
-    also ends at the row whose text brings it to that many characters (the cut depends on the data only).
+    is skipped. Null text is never an error here: it comes through as None. Batches are whole blocks
+    (`embedcli.io.positions`): a batch ends at the first block boundary past `batch_rows` rows read or
+    `batch_chars` characters of text (the cut depends on the data only).
 
-    `start` / `stop` (`ReadPoint`s between records of the resolved inputs) bound what is read: from `start`
-    (with the readers' state it carries) up to `stop`. Inside a file they fall on a line start of an
-    uncompressed JSONL or text file, or on a Parquet row; elsewhere on a file's start.
+    For a run: `start`/`stop` (`ReadPoint`s) bound what is read; `cuts` (file index -> byte offsets, rows for
+    Parquet) are where batches must end; with the inputs' `fingerprints`, `carry_units` (a file's or row
+    group's identity -> (first row, rows, reader state after it) in the previous output) and `carry_blocks`
+    (a block's identity -> (first row, rows)) say what `--incremental` carries over unread.
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
@@ -179,6 +197,9 @@ def read_inputs(
         batch_rows=batch_rows,
         on_bad_row=on_bad_row,
         batch_chars=batch_chars,
+        carry_blocks=carry_blocks,
+        block_lines=min(BLOCK_LINES, batch_rows),
+        block_bytes=min(BLOCK_BYTES, max(1, batch_chars // 8)) if batch_chars else BLOCK_BYTES,
     )
     if fmt is not None:
         fmt = normalize_format(fmt)
@@ -195,15 +216,35 @@ def read_inputs(
         if f == "parquet" and compression_of(p):
             raise InputError(p, f"{compression_of(p)}-compressed Parquet is not supported (Parquet compresses its "
                              "own columns)", fix=f"decompress it first, to {os.path.basename(without_compression(p))}")
-    return InputReader(spec, _iter_files(plan, spec, _id_prefixes(resolved), start, stop))
+    spec.identities = all(rereadable(p) for p, _ in plan)
+    if not spec.identities:  # read once (stdin, a pipe): nothing resumes or carries over; cut by rows alone
+        spec.block_lines = 1
+    return InputReader(plan, spec, _id_prefixes(resolved), start=start, stop=stop, cuts=cuts or {},
+                       fingerprints=fingerprints, carry_units=carry_units)
 
 
 class InputReader:
-    """The batches of `read_inputs` in order; `spec` holds the readers' shared state (the run's types)."""
+    """The batches of a run's inputs in order (see `read_inputs`); `spec` holds the readers' shared state
+    (types, the rows read from text)."""
 
-    def __init__(self, spec: ReadSpec, batches: Generator[InputBatch, None, None]) -> None:
-        self.spec = spec
-        self._it = batches
+    def __init__(
+        self,
+        plan: list[tuple[str, str]],
+        spec: ReadSpec,
+        prefixes: dict[str, str],
+        *,
+        start: ReadPoint | None,
+        stop: ReadPoint | None,
+        cuts: Mapping[int, Sequence[int]],
+        fingerprints: Sequence[Mapping[str, Any]] | None,
+        carry_units: Mapping[bytes, tuple[int, int, Any]] | None,
+    ) -> None:
+        self.plan, self.spec, self.prefixes = plan, spec, prefixes
+        self.start, self.stop, self.cuts = start, stop, cuts
+        self.fingerprints = fingerprints
+        self.carry_units = carry_units or {}
+        spec.carry_units = {k: (v[0], v[1]) for k, v in self.carry_units.items()}
+        self._it: Generator[InputBatch, None, None] = self._batches()
 
     def __iter__(self) -> InputReader:
         return self
@@ -215,30 +256,135 @@ class InputReader:
         """Stop reading (closes the file in hand)."""
         self._it.close()
 
+    def file_identity(self, f: int) -> bytes | None:
+        """Input `f`'s identity as a whole: its content (fingerprint), format, id prefix, the readers' state
+        before it and the input options; None where the input has no fingerprint."""
+        if self.fingerprints is None or not self.spec.identities or f >= len(self.fingerprints):
+            return None
+        path, fmt = self.plan[f]
+        spec = self.spec
+        options = (spec.text_col, spec.id_col, spec.id_explicit, spec.keep_cols, spec.extra_text_cols)
+        fp = json.dumps(fingerprint_identity(dict(self.fingerprints[f])), sort_keys=True)
+        return identity(f"file\x00{fmt}\x00{self.prefixes[path]}\x00{digest(spec.state(), options)}", fp.encode())
 
-def _iter_files(
-    plan: list[tuple[str, str]], spec: ReadSpec, prefixes: dict[str, str], start: ReadPoint | None,
-    stop: ReadPoint | None,
-) -> Generator[InputBatch, None, None]:
-    if start is not None and start.state.get("spec"):
-        spec.restore(start.state["spec"])
-    for f in range(start.file if start is not None else 0, len(plan)):
-        if stop is not None and (f > stop.file or (f == stop.file and not stop.pos)):
-            return
-        path, fmt = plan[f]
-        here = start if start is not None and start.file == f and start.pos else None
-        until = stop if stop is not None and stop.file == f else None
+    def _batches(self) -> Generator[InputBatch, None, None]:
+        start, stop, spec = self.start, self.stop, self.spec
+        if start is not None:
+            spec.restore(start.state.get("spec") or {})
+        delay = spec.identities  # hold a batch back until the next: a cut at the next file's start ends it
+        held: InputBatch | None = None
+        for f in range(start.file if start is not None else 0, len(self.plan)):
+            if stop is not None and (f > stop.file or (f == stop.file and stop.pos == 0 and stop.skip == 0)):
+                break
+            path, fmt = self.plan[f]
+            here = start if start is not None and start.file == f else None
+            fresh = here is None or here.pos == 0  # read (or carried) from the file's start
+            file_cuts = self.cuts.get(f, ())
+            if held is not None and 0 in file_cuts:
+                held.grid_end = True
+            unit = self.file_identity(f) if fresh else None
+            found = self.carry_units.get(unit) if unit is not None else None
+            until = stop if stop is not None and stop.file == f else None
+            skip = here.skip if here is not None else 0
+            if found is not None:
+                batches = self._carried_file(f, path, found, skip, until, bool(file_cuts))
+            else:
+                batches = self._read_file(f, path, fmt, here if (here is not None and here.pos) else None, until,
+                                          [c for c in file_cuts if c > 0], skip)
+            first = True
+            for batch in batches:
+                if first and fresh and not skip and batch.blocks:
+                    batch.blocks[0].file_unit = unit
+                first = False
+                if batch.end is None or batch.end.file != f:
+                    batch.exits.append((f, spec.state()))
+                if not delay:
+                    yield batch
+                    continue
+                if held is not None:
+                    yield held
+                held = batch
+        if held is not None:
+            yield held
+
+    def _read_file(
+        self, f: int, path: str, fmt: str, here: ReadPoint | None, until: ReadPoint | None, cuts: Sequence[int],
+        skip: int = 0,
+    ) -> Iterator[InputBatch]:
+        prefix = self.prefixes[path]
+        if skip and here is None:  # inside a file once carried whole, now read: its first `skip` rows dropped
+            return _after(self._read_file(f, path, fmt, None, until, cuts), skip)
+        part = FilePart(f, here, until, tuple(cuts))
         if fmt == "jsonl":
-            yield from read_jsonl(path, spec, prefixes[path], start=here, stop=until)
-        elif fmt == "parquet":
-            yield from read_parquet(path, spec, prefixes[path], start=here, stop=until)
-        elif fmt in ("csv", "tsv"):
-            if here is not None or until is not None:
-                raise ValueError(f"{path}: a {fmt} input is read whole, never from or up to a point inside it")
-            yield from read_delimited(path, spec, prefixes[path], fmt)
-        else:
-            yield from read_txt(path, spec, prefixes[path], start=here, stop=until)
+            return read_jsonl(path, self.spec, prefix, part)
+        if fmt == "parquet":
+            return read_parquet(path, self.spec, prefix, part)
+        if fmt in ("csv", "tsv"):
+            return read_delimited(path, self.spec, prefix, fmt, part)
+        return read_txt(path, self.spec, prefix, part)
 
+    def _carried_file(
+        self, f: int, path: str, found: tuple[int, int, Any], skip: int, until: ReadPoint | None, cut_at_end: bool
+    ) -> Iterator[InputBatch]:
+        """Input `f` carried over whole, unread, in pieces of `UNIT_PIECE` rows (a batch each)."""
+        prev, rows, state = found
+        last = min(rows, until.skip) if until is not None and until.pos == 0 and until.skip else rows
+        done = skip
+        while done < last:
+            n = min(UNIT_PIECE, last - done)
+            block = Block(f, 0, carried=Carried(prev + done, n, unit=True, reread=self._reread_file(f, done, n)))
+            at_end = done + n >= rows
+            if at_end and state is not None:
+                self.spec.restore(state)
+            end = (ReadPoint(f + 1, 0, 0, state={"spec": self.spec.state()}) if at_end
+                   else ReadPoint(f, 0, 0, done + n, state={"spec": self.spec.state()}))
+            yield InputBatch(source=path, locations=[], ids=[], texts=[], blocks=[block], end=end,
+                             grid_end=at_end and cut_at_end)
+            done += n
+
+    def _reread_file(self, f: int, skip: int, rows: int) -> Callable[[], Iterator[InputBatch]]:
+        """Records `[skip, skip + rows)` of input `f` read after all (every record of it is a row)."""
+        def reread() -> Iterator[InputBatch]:
+            path, fmt = self.plan[f]
+            spec = self.spec
+            held = spec.carry_blocks, spec.carry_units
+            spec.carry_blocks = spec.carry_units = None  # read every row of it (nothing carried over)
+            try:
+                pos = 0
+                for batch in self._read_file(f, path, fmt, None, None, ()):
+                    n = len(batch)
+                    lo, hi = max(skip - pos, 0), min(skip + rows - pos, n)
+                    pos += n
+                    if lo < hi:
+                        yield _rows_of(batch, lo, hi)
+                    if pos >= skip + rows:
+                        return
+            finally:
+                spec.carry_blocks, spec.carry_units = held
+        return reread
+
+
+def _after(batches: Iterator[InputBatch], skip: int) -> Iterator[InputBatch]:
+    """The batches of a file whose every record is a row, from its row `skip` on."""
+    pos = 0
+    for batch in batches:
+        n = len(batch)
+        if pos + n > skip:
+            yield batch if pos >= skip else _rows_of(batch, skip - pos, n, end=batch.end)
+        pos += n
+
+
+def _rows_of(batch: InputBatch, lo: int, hi: int, end: ReadPoint | None = None) -> InputBatch:
+    """Rows `[lo, hi)` of a batch read from a file whose every record is a row, as one block."""
+    numbers = batch.numbers[lo:hi] if batch.numbers else None
+    file = batch.blocks[0].file if batch.blocks else 0
+    return InputBatch(
+        source=batch.source, locations=batch.locations[lo:hi], ids=batch.ids[lo:hi], texts=batch.texts[lo:hi],
+        columns={c: v[lo:hi] for c, v in batch.columns.items()},
+        extra_texts={c: v[lo:hi] for c, v in batch.extra_texts.items()},
+        column_types=batch.column_types, id_type=batch.id_type, numbers=numbers,
+        blocks=[Block(file, numbers[0] if numbers else 0, 0, hi - lo)], end=end,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ Files (in the staging directory `root`, each written to a fresh temp name and re
 retried slice replaces its own files whole):
 
     slice-NNNNNN.parquet                   the rows (the run's Parquet settings and metadata)
-    _embedcli/slice-NNNNNN.index.parquet   their 16-byte row keys, for --incremental
+    _embedcli/slice-NNNNNN.index.parquet   their row index (`INDEX_SCHEMA`: row keys, id hashes, blocks)
     _embedcli/slice-NNNNNN.errors.jsonl    the slice's bad rows
 """
 
@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 
 from embedcli.io.commit import close_synced, create_temp, unlink_quiet, write_atomic
 from embedcli.io.manifest import META_DIR
-from embedcli.io.shards import KEY_WIDTH, WrittenShard, conform_table, keys_array
-from embedcli.io.writers import dictionary_columns
+from embedcli.io.shards import INDEX_SCHEMA, WrittenShard, conform_table
+from embedcli.io.writers import dictionary_columns, statistics_columns
 
 
 def slice_names(number: int) -> tuple[str, str, str]:
@@ -45,13 +45,13 @@ class ShardWriter:
         self._writer: pq.ParquetWriter | None = None
         self._file: IO[bytes] | None = None
         self._tmp: str | None = None
-        self._keys: list[np.ndarray] = []
+        self._index: list[pa.Table] = []
         self._errors: list[dict[str, Any]] = []
         self.rows = 0
         self.indexed = True
 
-    def write(self, table: pa.Table, keys: np.ndarray | None) -> None:
-        """Append rows (and their row keys, or None when rows are not one per input record)."""
+    def write(self, table: pa.Table, index: pa.Table | None) -> None:
+        """Append rows (and their row index, or None when rows are not one per input record)."""
         table = conform_table(table, self.schema)
         if self.schema is None:
             self.schema = table.schema.remove_metadata()
@@ -59,14 +59,15 @@ class ShardWriter:
             self._tmp, self._file = create_temp(os.path.join(self.root, self.names[0]))
             schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
             self._writer = pq.ParquetWriter(
-                self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
+                self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema),
+                write_statistics=statistics_columns(schema),
             )
         self._writer.write_table(table)
         self.rows += table.num_rows
-        if keys is None:
+        if index is None:
             self.indexed = False
         elif self.indexed:
-            self._keys.append(keys)
+            self._index.append(index)
 
     def add_errors(self, records: Iterable[dict[str, Any]]) -> None:
         """Bad rows of the slice."""
@@ -86,10 +87,10 @@ class ShardWriter:
             self._tmp = None
             written_data = data
         if self.indexed and self.rows:
-            keys = np.concatenate(self._keys) if self._keys else np.zeros(0, f"S{KEY_WIDTH}")
-            if len(keys) == self.rows:
+            index_table = pa.concat_tables(self._index).cast(INDEX_SCHEMA) if self._index else INDEX_SCHEMA.empty_table()
+            if index_table.num_rows == self.rows:
                 sink = pa.BufferOutputStream()
-                pq.write_table(pa.table({"key": keys_array(keys)}), sink, compression="zstd", use_dictionary=False)
+                pq.write_table(index_table, sink, compression="zstd", use_dictionary=False, write_statistics=False)
                 write_atomic(os.path.join(self.root, index), sink.getvalue().to_pybytes())
                 written_index = index
             else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.arrow_values import read_parquet
+from embedcli.io.arrow_values import arrow_array
 from embedcli.io.commit import arrow_source, close_synced, create_temp, unlink_quiet
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import (
@@ -40,10 +41,19 @@ from embedcli.io.manifest import (
     output_error,
     write_atomic,
 )
-from embedcli.io.writers import ResultWriter, dictionary_columns, open_writer
+from embedcli.io.units import KEY_UNITS
+from embedcli.io.writers import ResultWriter, dictionary_columns, open_writer, statistics_columns
 
 KEY_WIDTH = 16
 KEY_TYPE = pa.binary(KEY_WIDTH)
+INDEX_SCHEMA = pa.schema([
+    ("key", KEY_TYPE),  # BLAKE2b-128 of the row's id and texts (`row_keys`)
+    ("idh", pa.int64()),  # BLAKE2b-64 of its id (`embedcli.run.ids.id_hashes`)
+    ("loc", pa.int64()),  # where it was read: input file index << 40 | line or row number
+    ("block", KEY_TYPE),  # on the first row of a block read whole: the block's identity (`embedcli.io.positions`)
+    ("block_rows", pa.int32()),  # ... and its rows
+])
+INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
 FINAL_ROW_GROUP_ROWS = 8192
 """Row-group size of an assembled Parquet output, whatever the shard sizes were (so bytes match)."""
 INDEX_ROW_GROUP_ROWS = 1 << 16
@@ -61,6 +71,55 @@ def _index_name(number: int) -> str:
 
 def _errors_name(number: int) -> str:
     return f"{META_DIR}/errors-{number:06d}.jsonl"
+
+
+def _refs_name(number: int) -> str:
+    return f"{META_DIR}/refs-{number:06d}.npy"
+
+
+@dataclass
+class RowsOut:
+    """Rows for a sink, in output order: those of `table` and, where `refs` says so, rows of the previous
+    output taken over as they are (`refs[i]` >= 0: that row; -1: the next row of `table`); `index` is their
+    row index (INDEX_SCHEMA), or None when rows are not one per input record."""
+
+    table: pa.Table | None
+    refs: np.ndarray | None = None
+    index: pa.Table | None = None
+
+    @property
+    def rows(self) -> int:
+        """Output rows."""
+        if self.refs is not None:
+            return len(self.refs)
+        return self.table.num_rows if self.table is not None else 0
+
+
+def resolve_rows(out: RowsOut, previous: Any, schema: pa.Schema | None) -> pa.Table | None:
+    """The rows of `out` as one table (previous-output rows read, cast to `schema` or the table's own)."""
+    refs = out.refs
+    if refs is None or not bool((refs >= 0).any()):
+        return out.table
+    target = schema or (out.table.schema if out.table is not None else None)
+    taken = previous.take(refs[refs >= 0], list(target.names) if target is not None else previous.schema.names)
+    taken = taken.replace_schema_metadata(None)
+    if target is None:
+        target = conformed_schema(taken.schema)
+    taken = taken.cast(target)
+    if out.table is None or out.table.num_rows == 0:
+        return taken
+    table = out.table.replace_schema_metadata(None).select(target.names).cast(target)
+    both = pa.concat_tables([table, taken])
+    position = np.empty(len(refs), dtype=np.int64)
+    own = refs < 0
+    position[own] = np.arange(int(own.sum()))
+    position[~own] = int(own.sum()) + np.arange(int((~own).sum()))
+    return both.take(arrow_array(position)).combine_chunks()
+
+
+def conformed_schema(schema: pa.Schema) -> pa.Schema:
+    """`schema` without metadata, with Arrow's own child field names (see `arrow_child_names`)."""
+    return pa.schema([f.with_type(arrow_child_names(f.type)) for f in schema.remove_metadata()])
 
 
 def keys_array(keys: np.ndarray) -> pa.Array:
@@ -138,33 +197,40 @@ class WrittenShard:
 
 
 class ShardStore:
-    """The staging directory of one run: writes the current shard, commits it, keeps the manifest."""
+    """The staging directory of one run: writes the current shard, commits it, keeps the manifest.
 
-    def __init__(self, root: str, manifest: Manifest, meta: Mapping[str, str], output: str) -> None:
+    A shard of a single-file output keeps the rows it takes over from the previous output as references
+    (`_embedcli/refs-NNNNNN.npy`, read again when the file is assembled): an `--incremental` run writes only
+    what it computed. A shard directory (`mode` "dir") is the output itself: its shards hold every row."""
+
+    def __init__(
+        self, root: str, manifest: Manifest, meta: Mapping[str, str], output: str, previous: Any = None
+    ) -> None:
         self.root = root
         self.manifest = manifest
         self.meta = dict(meta)
         self.output = output
+        self.previous = previous  # embedcli.io.previous.PreviousOutput, for rows taken over by reference
         self.schema: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
         self._file: IO[bytes] | None = None
         self._tmp: str | None = None
         self._data_file: str | None = None
         self._rows = 0
-        self._keys: list[np.ndarray] = []
+        self._refs: list[np.ndarray] = []
+        self._index: list[pa.Table] = []
         self._errors: list[dict[str, Any]] = []
         os.makedirs(os.path.join(root, META_DIR), exist_ok=True)
         first = next((s for s in manifest.shards if s.file), None)
         if first is not None and first.file is not None:
-            schema = pq.read_schema(arrow_source(os.path.join(root, first.file))).remove_metadata()
-            self.schema = pa.schema([f.with_type(arrow_child_names(f.type)) for f in schema])
+            self.schema = conformed_schema(pq.read_schema(arrow_source(os.path.join(root, first.file))))
 
     # -- housekeeping ----------------------------------------------------------------------------
     def clean_stale(self) -> list[str]:
         """Delete temp files and shard files the manifest does not list (left by a killed run)."""
         keep = {os.path.join(self.root, META_DIR, "manifest.json")}
         for s in self.manifest.shards:
-            for name in (s.file, s.index, s.errors_file):
+            for name in (s.file, s.index, s.errors_file, s.refs):
                 if name:
                     keep.add(os.path.join(self.root, name))
         removed = []
@@ -191,13 +257,33 @@ class ShardStore:
         """Error records of the shard in progress."""
         return list(self._errors)
 
+    @property
+    def by_reference(self) -> bool:
+        """Whether rows taken over from the previous output are kept as references (not in a shard dir)."""
+        return self.manifest.mode == "file" and self.previous is not None
+
     # -- the shard in progress -------------------------------------------------------------------
     def conform(self, table: pa.Table) -> pa.Table:
         """`table` in the column order and types of the shards already written."""
         return conform_table(table, self.schema)
 
-    def write(self, table: pa.Table, keys: np.ndarray | None) -> None:
-        """Append result rows (and their row keys, or None when rows are not one per input record)."""
+    def write(self, out: RowsOut) -> None:
+        """Append rows (and their row index, or None when rows are not one per input record)."""
+        refs = out.refs
+        table = out.table
+        if refs is not None and bool((refs >= 0).any()) and not self.by_reference:
+            table, refs = resolve_rows(out, self.previous, self.schema), None
+        if table is not None and table.num_rows:
+            self._write_table(table)
+        rows = out.rows
+        self._refs.append(refs if refs is not None else np.full(rows, -1, dtype=np.int64))
+        self._rows += rows
+        if out.index is None:
+            self.manifest.indexed = False
+        elif self.manifest.indexed:
+            self._index.append(out.index)
+
+    def _write_table(self, table: pa.Table) -> None:
         table = self.conform(table)
         if self.schema is None:
             self.schema = table.schema.remove_metadata()
@@ -208,17 +294,13 @@ class ShardStore:
                 self._tmp, self._file = create_temp(path)
                 schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
                 self._writer = pq.ParquetWriter(
-                    self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
+                    self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema),
+                    write_statistics=statistics_columns(schema),
                 )
             self._writer.write_table(table)
         except OSError as e:
             self.abort()
             raise output_error(self.output, e) from None
-        self._rows += table.num_rows
-        if keys is None:
-            self.manifest.indexed = False
-        elif self.manifest.indexed:
-            self._keys.append(keys)
 
     def add_errors(self, records: Iterable[dict[str, Any]]) -> None:
         """Bad rows of the shard in progress (committed with it)."""
@@ -237,20 +319,23 @@ class ShardStore:
         self._tmp = None
         self._data_file = None
         self._rows = 0
-        self._keys = []
+        self._refs = []
+        self._index = []
         self._errors = []
 
-    def commit(self, records_end: int) -> ShardEntry | None:
-        """Commit the shard in progress as consuming input records up to `records_end`.
+    def commit(self, records_end: int, end: Any = None, units: str | None = None) -> ShardEntry | None:
+        """Commit the shard in progress as consuming input records up to `records_end` (reading goes on at
+        `end`, a `ReadPoint`; `units`: the run's `InputUnits` so far, as JSON).
 
-        Data, index and errors files are renamed into place first; the manifest rewrite is the commit.
+        Data, refs, index and errors files are renamed into place first; the manifest rewrite is the commit.
         Safe to call again after an interruption part-way.
         """
         start = self.manifest.records_done
         if records_end <= start and not self._rows and not self._errors:
             return None
         number = len(self.manifest.shards)
-        entry = ShardEntry(number=number, file=None, rows=self._rows, records=[start, records_end])
+        entry = ShardEntry(number=number, file=None, rows=self._rows, records=[start, records_end],
+                           end=end.to_dict() if end is not None else None)
         written: list[str] = []
         try:
             if self._writer is not None:
@@ -266,15 +351,26 @@ class ShardStore:
             if self._data_file is not None:
                 written.append(os.path.join(self.root, self._data_file))
                 entry.file = self._data_file
+            refs = np.concatenate(self._refs) if self._refs else np.zeros(0, np.int64)
+            if bool((refs >= 0).any()):
+                path = os.path.join(self.root, _refs_name(number))
+                sink = io.BytesIO()
+                np.save(sink, refs.astype("<i8"), allow_pickle=False)
+                write_atomic(path, sink.getvalue())
+                written.append(path)
+                entry.refs = _refs_name(number)
             if self.manifest.indexed and self._rows:
-                keys = np.concatenate(self._keys) if self._keys else np.zeros(0, f"S{KEY_WIDTH}")
-                if len(keys) != self._rows:
+                index = pa.concat_tables(self._index) if self._index else INDEX_SCHEMA.empty_table()
+                if index.num_rows != self._rows:
                     self.manifest.indexed = False
                 else:
                     path = os.path.join(self.root, _index_name(number))
-                    sink = pa.BufferOutputStream()
-                    pq.write_table(pa.table({"key": keys_array(keys)}), sink, compression="zstd", use_dictionary=False)
-                    write_atomic(path, sink.getvalue().to_pybytes())
+                    sink_pa = pa.BufferOutputStream()
+                    if not index.schema.equals(INDEX_SCHEMA, check_metadata=True):  # (a cast imports compute)
+                        index = index.cast(INDEX_SCHEMA)
+                    pq.write_table(index, sink_pa, compression="zstd", use_dictionary=False,
+                                   write_statistics=False)
+                    write_atomic(path, sink_pa.getvalue().to_pybytes())
                     written.append(path)
                     entry.index = _index_name(number)
             if self._errors:
@@ -286,10 +382,13 @@ class ShardStore:
                 entry.errors = len(self._errors)
             fsync_dir(self.root)
             manifest = self.manifest
+            units_before = manifest.units
             manifest.shards.append(entry)
             manifest.records_done = records_end
             manifest.rows_done += entry.rows
             manifest.errors += entry.errors
+            if units is not None:
+                manifest.units = units
             try:
                 manifest.save(self.root)
             except BaseException:
@@ -297,6 +396,7 @@ class ShardStore:
                 manifest.records_done = start
                 manifest.rows_done -= entry.rows
                 manifest.errors -= entry.errors
+                manifest.units = units_before
                 raise
         except OSError as e:
             for path in written:  # not in the manifest: a later run recomputes these rows
@@ -305,13 +405,17 @@ class ShardStore:
             raise output_error(self.output, e) from None
         self._data_file = None
         self._rows = 0
-        self._keys = []
+        self._refs = []
+        self._index = []
         self._errors = []
         return entry
 
-    def adopt(self, written: WrittenShard, records_end: int, end: Mapping[str, Any] | None = None) -> ShardEntry:
+    def adopt(
+        self, written: WrittenShard, records_end: int, end: Mapping[str, Any] | None = None, units: str | None = None
+    ) -> ShardEntry:
         """Commit a shard written elsewhere (`written`, under this staging directory) as consuming input
-        records up to `records_end`; `end`: where reading goes on after it (a `ReadPoint`'s dict).
+        records up to `records_end`; `end`: where reading goes on after it (a `ReadPoint`'s dict); `units`:
+        the run's `InputUnits` so far, as JSON (as `commit`).
 
         Its files are renamed to the next shard's names (a data file whose columns are typed otherwise than
         the shards before it is rewritten in their types first); the manifest rewrite is the commit.
@@ -340,10 +444,13 @@ class ShardStore:
                 entry.errors_file = _errors_name(number)
             fsync_dir(self.root)
             fsync_dir(os.path.join(self.root, META_DIR))
+            units_before = manifest.units
             manifest.shards.append(entry)
             manifest.records_done = records_end
             manifest.rows_done += entry.rows
             manifest.errors += entry.errors
+            if units is not None:
+                manifest.units = units
             try:
                 manifest.save(self.root)
             except BaseException:
@@ -351,6 +458,7 @@ class ShardStore:
                 manifest.records_done = start
                 manifest.rows_done -= entry.rows
                 manifest.errors -= entry.errors
+                manifest.units = units_before
                 raise
         except OSError as e:
             for path in moved:  # not in the manifest: a later run recomputes these rows
@@ -414,34 +522,106 @@ def committed_errors(root: str, manifest: Manifest) -> Iterator[dict[str, Any]]:
 # Finishing
 
 
-def _rechunked(files: Sequence[str], schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
-    """The rows of `files` in order, as tables of exactly `rows` rows (the last one shorter)."""
+def rechunk(tables: Iterable[pa.Table], schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
+    """`tables` (cast to `schema`) as tables of exactly `rows` rows (the last one shorter)."""
     buffer: list[pa.Table] = []
     count = 0
-    for path in files:
-        with pq.ParquetFile(arrow_source(path)) as pf:
-            for rb in pf.iter_batches(batch_size=rows):
-                t = pa.Table.from_batches([rb])
-                if not t.schema.equals(schema, check_metadata=False):
-                    t = t.select(schema.names).cast(schema)
-                buffer.append(t.replace_schema_metadata(None))
-                count += rb.num_rows
-                while count >= rows:
-                    whole = pa.concat_tables(buffer)
-                    yield whole.slice(0, rows).combine_chunks()
-                    rest = whole.slice(rows)
-                    buffer = [rest] if rest.num_rows else []
-                    count = rest.num_rows
+    for t in tables:
+        if not t.num_rows:
+            continue
+        if not t.schema.equals(schema, check_metadata=False):
+            t = t.select(schema.names).cast(schema)
+        buffer.append(t.replace_schema_metadata(None))
+        count += t.num_rows
+        while count >= rows:
+            whole = pa.concat_tables(buffer)
+            yield whole.slice(0, rows).combine_chunks()
+            rest = whole.slice(rows)
+            buffer = [rest] if rest.num_rows else []
+            count = rest.num_rows
     if count:
         yield pa.concat_tables(buffer).combine_chunks()
+
+
+def file_tables(files: Sequence[str], rows: int = FINAL_ROW_GROUP_ROWS, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """The rows of Parquet `files` in order, `rows` at a time."""
+    for path in files:
+        with pq.ParquetFile(arrow_source(path)) as pf:
+            for rb in pf.iter_batches(batch_size=rows, columns=list(columns) if columns is not None else None):
+                yield pa.Table.from_batches([rb])
+        # Arrow's allocator keeps freed pages for reuse; handed back after each file, an assembly of many
+        # shards holds about one shard's worth (a 1M-row run read back peaked ~60 MB higher without it)
+        pa.default_memory_pool().release_unused()
+
+
+def _rechunked(files: Sequence[str], schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
+    """The rows of `files` in order, as tables of exactly `rows` rows (the last one shorter)."""
+    return rechunk(file_tables(files, rows), schema, rows)
+
+
+class _Taker:
+    """Rows of a sequence of tables handed on `n` at a time."""
+
+    def __init__(self, tables: Iterator[pa.Table]) -> None:
+        self.tables = tables
+        self.held: list[pa.Table] = []
+        self.count = 0
+
+    def take(self, n: int) -> pa.Table | None:
+        while self.count < n:
+            t = next(self.tables, None)
+            if t is None:
+                break
+            self.held.append(t)
+            self.count += t.num_rows
+        if not self.held or n == 0:
+            return None
+        whole = pa.concat_tables(self.held)
+        rest = whole.slice(n)
+        self.held = [rest] if rest.num_rows else []
+        self.count = rest.num_rows
+        return whole.slice(0, n)
+
+
+def shard_tables(root: str, manifest: Manifest, previous: Any = None, rows: int = FINAL_ROW_GROUP_ROWS) -> Iterator[pa.Table]:
+    """Every committed row in order, the rows a shard keeps by reference read from `previous`."""
+    schema = None
+    for s in manifest.shards:
+        own = file_tables([os.path.join(root, s.file)], rows) if s.file else iter(())
+        if not s.refs:
+            yield from own
+            continue
+        if previous is None:
+            raise OutputError(root, "staged rows refer to a previous output that is not open",
+                              fix="rerun the same command (with --incremental)")
+        refs = np.load(os.path.join(root, s.refs), allow_pickle=False)
+        taker = _Taker(own)
+        for lo in range(0, len(refs), rows):
+            window = refs[lo : lo + rows]
+            table = taker.take(int((window < 0).sum()))
+            if schema is None and table is not None:
+                schema = conformed_schema(table.schema)
+            resolved = resolve_rows(RowsOut(table, window), previous, schema)
+            if resolved is not None:
+                yield resolved
+
+
+def output_schema(root: str, manifest: Manifest, empty_schema: pa.Schema, previous: Any = None) -> pa.Schema:
+    """The schema of the assembled output: the shards', else (rows all taken over) the previous output's."""
+    files = [os.path.join(root, s.file) for s in manifest.shards if s.file]
+    if files:
+        return pq.read_schema(arrow_source(files[0])).remove_metadata()
+    if previous is not None and any(s.refs for s in manifest.shards):
+        return conformed_schema(previous.schema)
+    return empty_schema.remove_metadata()
 
 
 def index_digest(config_key: str, index_files: Sequence[str]) -> tuple[str, int]:
     """The output key (hash of the config and every row key, in order) and the number of keys."""
     h = hashlib.sha256(config_key.encode())
     n = 0
-    for path in index_files:
-        keys = keys_numpy(read_parquet(arrow_source(path)).column("key"))
+    for t in file_tables(index_files, INDEX_ROW_GROUP_ROWS, ["key"]):  # a row group at a time
+        keys = keys_numpy(t.column("key"))
         h.update(keys.tobytes())
         n += len(keys)
     return h.hexdigest()[:32], n
@@ -456,18 +636,21 @@ def output_key_for(root: str, manifest: Manifest) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def _write_index_sidecar(root: str, manifest: Manifest, path: str, output_key: str) -> str | None:
-    """Stage `OUT.embedcli-index.parquet` (all row keys in output order); returns its temp path."""
-    if not manifest.indexed:
-        return None
-    files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
+def write_index_sidecar(
+    path: str, tables: Iterable[pa.Table], output_key: str, units: str | None, columns: Sequence[str] = INDEX_COLUMNS
+) -> str:
+    """Stage `OUT.embedcli-index.parquet` (the row index in output order, `units` in its metadata); returns
+    its temp path."""
     tmp, file = create_temp(path)
     try:
-        schema = pa.schema([("key", KEY_TYPE)], metadata={KEY_OUTPUT.encode(): output_key.encode()})
-        with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False) as writer:
+        meta = {KEY_OUTPUT.encode(): output_key.encode()}
+        if units is not None:
+            meta[KEY_UNITS.encode()] = units.encode()
+        schema = pa.schema([INDEX_SCHEMA.field(c) for c in columns], metadata=meta)
+        with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False, write_statistics=False) as writer:
             # Fixed row groups, not one per shard: where commits landed (a stop, --commit-every) must not
             # show in the bytes, so a resumed run's sidecar is the uninterrupted run's.
-            for table in _rechunked(files, schema, INDEX_ROW_GROUP_ROWS):
+            for table in rechunk(tables, schema.remove_metadata(), INDEX_ROW_GROUP_ROWS):
                 # A cast only where needed: Table.cast imports pyarrow.compute (~50 ms of a short run's start).
                 writer.write_table(table if table.schema.equals(schema, check_metadata=False) else table.cast(schema))
         close_synced(file)
@@ -485,22 +668,25 @@ def assemble_file(
     fmt: str | None,
     meta: Mapping[str, str],
     empty_schema: pa.Schema,
+    previous: Any = None,
 ) -> str:
     """Assemble the committed shards into the single output file (temp file + rename); returns the output key.
 
     The index sidecar is renamed into place first, the data file last: its appearance is the commit.
     """
-    files = [os.path.join(root, s.file) for s in manifest.shards if s.file]
-    schema = pq.read_schema(arrow_source(files[0])).remove_metadata() if files else empty_schema.remove_metadata()
+    schema = output_schema(root, manifest, empty_schema, previous)
     output_key = output_key_for(root, manifest)
     final_meta = {**meta, KEY_OUTPUT: output_key, KEY_COMPLETE: "true"}
     sidecar = os.path.abspath(output) + INDEX_SUFFIX
     sidecar_tmp: str | None = None
     writer: ResultWriter | None = None
     try:
-        sidecar_tmp = _write_index_sidecar(root, manifest, sidecar, output_key)
+        if manifest.indexed:
+            index_files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
+            sidecar_tmp = write_index_sidecar(sidecar, file_tables(index_files, INDEX_ROW_GROUP_ROWS), output_key,
+                                              manifest.units)
         writer = open_writer(output, schema, final_meta, fmt=fmt)
-        for table in _rechunked(files, schema, FINAL_ROW_GROUP_ROWS):
+        for table in rechunk(shard_tables(root, manifest, previous), schema, FINAL_ROW_GROUP_ROWS):
             writer.write(table)
         if sidecar_tmp is not None:
             os.replace(sidecar_tmp, sidecar)

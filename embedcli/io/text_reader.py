@@ -6,47 +6,33 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from embedcli.io.positions import ReadPoint
-from embedcli.io.reader_base import (
-    BatchBuilder,
-    InputBatch,
-    ReadSpec,
-    numbered_lines,
-    open_binary,
-    seek_binary,
-    utf8_error,
-)
+from embedcli.io.line_blocks import LineFormat, read_line_blocks
+from embedcli.io.positions import WHOLE, FilePart
+from embedcli.io.reader_base import BatchBuilder, InputBatch, ReadSpec, utf8_error
 
 
 def read_txt(
-    path: str, spec: ReadSpec, prefix: str, *, start: ReadPoint | None = None, stop: ReadPoint | None = None
+    path: str,
+    spec: ReadSpec,
+    prefix: str,
+    part: FilePart = WHOLE,
 ) -> Iterator[InputBatch]:
-    """Plain text, one text per non-blank line; from `start` (a line start: byte offset, lines before it) up to
-    the line after `stop.line`."""
-    b = BatchBuilder(path, spec)
     spec.fix_id_type(path, pa.string(), "plain-text ids are file:line")
-    last_line = stop.line if stop is not None else None
-    with open_binary(path) as f:
-        if start is not None and start.pos:
-            seek_binary(f, path, start.pos)
-        for lineno, raw in numbered_lines(f, path, idle=True, start_line=start.line if start is not None else 0):
-            if raw is None:
-                if len(b):
-                    yield b.take()
-                continue
-            if last_line is not None and lineno > last_line:
-                break
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                spec.bad(utf8_error(path, lineno, e, record_id=f"{prefix}:{lineno}"))
-                continue
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            b.add(f"line {lineno}", f"{prefix}:{lineno}", line, (), ())
-            if b.full():
-                yield b.take()
-    if len(b):
-        yield b.take()
 
+    def parse(b: BatchBuilder, lineno: int, raw: bytes) -> None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            b.error(utf8_error(path, lineno, e, record_id=f"{prefix}:{lineno}"))
+            return
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            return
+        b.add(f"line {lineno}", f"{prefix}:{lineno}", line, (), (), number=lineno)
+
+    def context() -> str | None:
+        types = spec.context()
+        return None if types is None else f"txt\x00{prefix}\x00{types}"
+
+    fmt = LineFormat(parse, context, dict, lambda: BatchBuilder(path, spec, part.file))
+    yield from read_line_blocks(path, spec, fmt, part, idle=True)

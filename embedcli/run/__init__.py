@@ -1,10 +1,11 @@
 """The unattended run loop: one `Job` in, committed output and an exit code out.
 
 Knows `embedcli.io` and `embedcli.errors` only (no torch, models, pooling, compute or engines): a `Job`
-brings its engine and row codec (`embedcli.run.job`). `run_job` (`execute`) applies `--shard` and shard
-repair, then the loop (`loop`) reads and checks rows (`source`, `checks`, `ids`), splits them for
-`--incremental` (`incremental`), stages, commits and resumes (`staging`, `sinks`, `target`), reports
-(`report`, `progress`) and stops cleanly on signals (`signals`). `flags` holds `RunFlags`.
+brings its engine and row codec (`embedcli.run.job`). `run_job` (`execute`) applies `--shard` (`sharding`, cut at
+the run's cut points, `grid`) and shard repair, then the loop (`loop`) reads and checks rows (`source`,
+`checks`, `ids`), splits them for `--incremental` (`incremental`), pools rows to compute across batches,
+stages, commits and resumes (`staging`, `sinks`, `target`), reports (`report`, `progress`) and stops
+cleanly on signals (`signals`). `flags` holds `RunFlags`.
 """
 
 from __future__ import annotations

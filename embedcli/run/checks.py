@@ -1,8 +1,11 @@
 """Reading and checking rows: the work items of a run, with bad rows failed on or set aside.
 
-A work item accounts for the bad rows the reader reported while reading its batch plus the batch's
-records; records committed by an earlier run are read and dropped, never computed (their ids still
-count for duplicate detection).
+A work item is one batch of the readers (whole blocks, `embedcli.io.positions`): its bad rows (reported by
+the reader, or found here: null texts, repeated ids) and its rows in output order, each read (to compute, or
+to carry over by row key under `--incremental`) or carried over unread (a block, file or row group the
+previous output has whole). Ids of every row count for duplicate detection, unread ones by the id hashes the
+previous output's row index keeps; a carried block one of whose ids was seen earlier in the run is read
+after all, so the repeat is reported where a full run reports it.
 """
 
 from __future__ import annotations
@@ -13,27 +16,65 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from embedcli.errors import InputError, TooManyErrors, display_path
+from embedcli.io.arrow_values import arrow_array, scattered, to_numpy
+from embedcli.io.positions import Block, ReadPoint
+from embedcli.io.shards import INDEX_SCHEMA, KEY_TYPE, keys_array
 from embedcli.run.flags import RunFlags
-from embedcli.run.ids import IdSet
-from embedcli.run.source import BatchSource, null_text_error, slice_batch, subset
+from embedcli.run.ids import SHIFT, IdSet, id_hashes, pack_locations
+from embedcli.run.source import concat_batches, null_text_error, slice_batch, subset
 
 NULL_FIX = "fill in the text or drop the row (or pass --on-error skip)"
+_NO_ROWS = np.zeros(0, np.int64)
 
 
 @dataclass
 class Work:
-    """One batch's worth of records: the valid rows, what to compute and carry over, and the bad rows."""
+    """One batch's records after the row checks (see the module docstring)."""
 
     records: int
-    batch: Any = None
-    compute: Any = None
-    compute_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    carry_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    carry_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    keys: np.ndarray | None = None
+    batch: Any = None  # the valid rows read, in input order (an InputBatch), or None
     errors: list[InputError] = field(default_factory=list)
+    end: ReadPoint | None = None  # where reading goes on after it
+    grid_end: bool = False
+    # Output rows in order: ("read", n, None) for the next n rows of `batch`, ("unread", n, row index) for n
+    # rows carried over unread (their previous-output row index, locations of this run).
+    segments: list[tuple[str, int, Any]] = field(default_factory=list)
+    src: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per output row: its row of `batch`, -1: unread
+    unread_prev: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per output row: previous row if unread
+    read_idh: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per row of `batch`: id hash
+    read_loc: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per row of `batch`: packed location
+    marks: list[tuple[int, bytes, int]] = field(default_factory=list)  # (row of `batch`, block identity, rows)
+    keys: np.ndarray | None = None  # per row of `batch`: row key (set by `Carry.split`)
+    compute_idx: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # rows of `batch` to compute
+    carry_idx: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # rows of `batch` carried over by row key
+    carry_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # ... their previous-output rows
+    compute: Any = None  # the rows to compute (an InputBatch), or None
+    counts: list[tuple[int, int, int, int]] = field(default_factory=list)  # (file, group, records, rows) per block
+    identities: list[tuple[int, int, bytes]] = field(default_factory=list)  # (file, group, identity) of units
+    exits: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        """Output rows."""
+        return len(self.src)
+
+    @property
+    def unread(self) -> int:
+        """Rows carried over without reading them."""
+        return int((self.src < 0).sum())
+
+    def prev_rows(self) -> np.ndarray:
+        """Per output row: the previous-output row it is taken from, or -1 (computed)."""
+        prev = self.unread_prev.copy()
+        if len(self.carry_idx):
+            by_row = np.full(len(self.batch), -1, np.int64)
+            by_row[self.carry_idx] = self.carry_rows
+            read = self.src >= 0
+            prev[read] = by_row[self.src[read]]
+        return prev
 
 
 def valid_rows(batch: Any) -> list[int]:
@@ -45,41 +86,47 @@ def valid_rows(batch: Any) -> list[int]:
 class RowChecks:
     """Null texts, repeated ids and `--max-errors` over a whole run; fail mode raises the first bad row."""
 
-    def __init__(self, flags: RunFlags, errors_before: int = 0) -> None:
+    def __init__(self, flags: RunFlags, errors_before: int = 0, ids: IdSet | None = None) -> None:
         self.skip_mode = flags.on_error == "skip"
         self.limit = flags.max_errors
         self.total = errors_before
-        self.ids = IdSet()
+        self.ids = ids if ids is not None else IdSet()
 
-    def seen(self, batch: Any) -> None:
-        """Register the ids of records an earlier run committed (they are not checked again)."""
-        if len(batch):
-            valid = valid_rows(batch)
-            self.ids.add(batch.source, [batch.ids[i] for i in valid], [batch.locations[i] for i in valid])
-
-    def check(self, batch: Any, pending: list[InputError]) -> Work:
-        """The work item of a batch and the bad rows the reader reported with it."""
-        errors = list(pending)
+    def valid(self, batch: Any, files: np.ndarray) -> tuple[np.ndarray, list[InputError], np.ndarray, np.ndarray]:
+        """(rows with their texts, bad rows, id hashes and packed locations of those rows) of a batch's rows
+        (`files`: each row's input)."""
+        errors: list[InputError] = []
         n = len(batch)
-        valid = valid_rows(batch)
-        for i in sorted(set(range(n)) - set(valid)):
-            errors.append(self._bad(null_text_error(batch, i, NULL_FIX)))
-        repeats = self.ids.add(batch.source, [batch.ids[i] for i in valid], [batch.locations[i] for i in valid])
-        drop = set()
-        for j, packed in repeats:
-            i = valid[j]
+        valid = valid_rows(batch) if n else []
+        if len(valid) < n:
+            for i in sorted(set(range(n)) - set(valid)):
+                errors.append(self._bad(null_text_error(batch, i, NULL_FIX)))
+        h = id_hashes([batch.ids[i] for i in valid])
+        numbers = np.asarray(batch.numbers, np.int64)[valid] if batch.numbers else np.zeros(len(valid), np.int64)
+        return np.asarray(valid, np.int64), errors, h, pack_locations(files[valid], numbers)
+
+    def repeats(self, batch: Any, valid: np.ndarray, h: np.ndarray, locs: np.ndarray) -> tuple[np.ndarray, list[InputError]]:
+        """Register the ids of rows `valid` of a batch; (which of them are repeats, their bad rows)."""
+        errors: list[InputError] = []
+        drop = np.zeros(len(valid), dtype=bool)
+        for j, packed in self.ids.add(h, locs):
+            i = int(valid[j])
             first_file, first_where = self.ids.describe(packed)
             errors.append(self._bad(InputError(
-                batch.source,
+                batch.source_of(i),
                 f"duplicate id {batch.ids[i]!r}: first seen at {display_path(first_file)} {first_where}",
                 location=batch.locations[i],
                 record_id=batch.ids[i],
                 fix="give every row a unique id (or pass --on-error skip to keep the first and skip the rest)",
             )))
-            drop.add(i)
-        keep = np.asarray([i for i in valid if i not in drop], dtype=np.int64)
-        self.count(errors)
-        return Work(records=len(pending) + n, batch=subset(batch, keep), errors=errors)
+            drop[j] = True
+        return drop, errors
+
+    def check(self, batch: Any, files: np.ndarray) -> tuple[np.ndarray, list[InputError], np.ndarray, np.ndarray]:
+        """(rows kept, bad rows, their id hashes, packed locations) of a batch's rows (`files`: each row's input)."""
+        valid, errors, h, locs = self.valid(batch, files)
+        drop, repeated = self.repeats(batch, valid, h, locs)
+        return valid[~drop], errors + repeated, h[~drop], locs[~drop]
 
     def _bad(self, err: InputError) -> InputError:
         if not self.skip_mode:
@@ -101,49 +148,291 @@ class RowChecks:
         )
 
 
+class _Builder:
+    """The output rows of one work item, segment by segment."""
+
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+        self.read_rows = 0  # rows of `batches` so far
+        self.segments: list[tuple[str, int, Any]] = []
+        self.src: list[np.ndarray] = []
+        self.unread_prev: list[np.ndarray] = []
+        self.idh: list[np.ndarray] = []
+        self.loc: list[np.ndarray] = []
+        self.errors: list[InputError] = []
+        self.marks: list[tuple[int, bytes, int]] = []
+        self.counts: list[tuple[int, int, int, int]] = []
+
+    def read(self, batch: Any, keep: np.ndarray, h: np.ndarray, locs: np.ndarray) -> None:
+        n = len(keep)
+        if not n:
+            return
+        self.batches.append(subset(batch, keep))
+        self.src.append(self.read_rows + np.arange(n, dtype=np.int64))
+        self.unread_prev.append(np.full(n, -1, np.int64))
+        self.idh.append(h)
+        self.loc.append(locs)
+        self.segments.append(("read", n, None))
+        self.read_rows += n
+
+    def unread_rows(self, index: pa.Table, prev: int) -> None:
+        n = index.num_rows
+        self.src.append(np.full(n, -1, np.int64))
+        self.unread_prev.append(prev + np.arange(n, dtype=np.int64))
+        self.segments.append(("unread", n, index))
+
+    def work(self, records: int, batch: Any) -> Work:
+        def cat(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts) if parts else _NO_ROWS
+
+        joined = None
+        if self.batches:
+            joined = self.batches[0] if len(self.batches) == 1 else concat_batches(self.batches)
+        return Work(
+            records=records, batch=joined, errors=self.errors, end=batch.end, grid_end=batch.grid_end,
+            segments=self.segments, src=cat(self.src), unread_prev=cat(self.unread_prev),
+            read_idh=cat(self.idh), read_loc=cat(self.loc), marks=self.marks, counts=self.counts,
+        )
+
+
 def read_work(
     batches: Iterable[Any],
-    paths: list[str] | None,
-    flags: RunFlags,
-    skip: int,
-    errors_before: int,
     split: Callable[[Work], None],
     seconds: dict[str, float],
-    batch_chars: int | None = None,
+    checks: RowChecks,
+    *,
+    open_reader: Callable[[Callable[[InputError], None] | None], Any] | None = None,
+    unread_index: Callable[[int, int], pa.Table] | None = None,
 ) -> Iterator[Work]:
-    """Read, check and `split` batches into work items, `skip` records first (runs in the engine's prefetch
-    thread); read time is added to `seconds["read"]`; `batch_chars` caps a batch's text (see `read_inputs`)."""
-    checks = RowChecks(flags, errors_before)
+    """Read, check and `split` batches into work items (runs in the engine's prefetch thread); read time is
+    added to `seconds["read"]`. `open_reader(on_bad_row)` opens the readers (a `BatchSource`'s); else
+    `batches` are iterated. `unread_index(start, stop)`: the previous output's row index of rows it gives
+    back whole."""
     pending: list[InputError] = []  # filled by the reader under --on-error skip
-    if isinstance(batches, BatchSource):
-        batch_rows = min(batches.inputs.batch_rows, flags.shard_rows)
-        on_bad = pending.append if checks.skip_mode else None
-        reader = batches.open(paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=batch_chars)
-    else:
-        reader = iter(batches)
-    skip_left = skip
-    while True:
-        t0 = time.perf_counter()
-        batch = next(reader, None)
-        seconds["read"] += time.perf_counter() - t0
-        if batch is None:
-            break
-        if skip_left:
-            reported = min(len(pending), skip_left)
-            del pending[:reported]
-            skip_left -= reported
-            head = batch if len(batch) <= skip_left else slice_batch(batch, 0, skip_left)
-            checks.seen(head)
-            skip_left -= len(head)
-            if len(batch) == len(head):
+    on_bad = pending.append if checks.skip_mode else None
+    reader = open_reader(on_bad) if open_reader is not None else iter(batches)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            batch = next(reader, None)
+            seconds["read"] += time.perf_counter() - t0
+            if batch is None:
+                break
+            work = _check_batch(batch, pending, checks, unread_index)
+            pending.clear()
+            split(work)
+            yield work
+        if pending:  # bad rows after the last batch of a reader that cuts no blocks
+            checks.count(pending)
+            yield Work(records=len(pending), errors=list(pending))
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+
+
+def _files_of(batch: Any, n: int) -> np.ndarray:
+    """The input file index of each parsed row of a batch (by its blocks)."""
+    files = np.zeros(n, np.int64)
+    for block in batch.blocks:
+        if block.carried is None and block.stop > block.first:
+            files[block.first : block.stop] = block.file
+    return files
+
+
+@dataclass
+class _Segment:
+    """Rows of a batch in input order, checked but not yet registered: read rows (`part`, rows `valid` with
+    texts, `blocks`), or a stretch of blocks carried over unread (`index`, from previous row `prev`)."""
+
+    part: Any = None
+    blocks: list[Block] = field(default_factory=list)
+    valid: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    errors: list[InputError] = field(default_factory=list)
+    h: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    locs: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    index: pa.Table | None = None
+    prev: int = 0
+
+
+def _check_batch(
+    batch: Any, pending: list[InputError], checks: RowChecks, unread_index: Callable[[int, int], pa.Table] | None
+) -> Work:
+    """The work item of one batch (see `read_work`)."""
+    out = _Builder()
+    out.errors.extend(pending)
+    blocks: list[Block] = batch.blocks or [Block(0, 0, 0, len(batch), errors=len(pending))]
+    records = sum(b.records for b in blocks) if batch.blocks else len(batch) + len(pending)
+    files = _files_of(batch, len(batch))
+    segments: list[_Segment] = []
+    i = 0
+    while i < len(blocks):
+        j = i
+        if blocks[i].carried is not None:
+            while j < len(blocks) and blocks[j].carried is not None:
+                j += 1
+            segments += _carried_segments(blocks[i:j], unread_index)
+        else:
+            while j < len(blocks) and blocks[j].carried is None:
+                j += 1
+            segments.append(_read_segment(batch, blocks[i:j], files, checks))
+        i = j
+    every = [s.h for s in segments if len(s.h)]
+    h = np.concatenate(every) if every else _NO_ROWS
+    if len(h) == len(np.unique(h)) and not checks.ids.any_seen(h):  # no id seen before, none repeated: at once
+        checks.ids.register(h, np.concatenate([s.locs for s in segments if len(s.h)]) if every else _NO_ROWS)
+        for seg in segments:
+            if seg.index is not None:
+                _add_unread(out, seg)
+            else:
+                out.errors.extend(seg.errors)
+                _add_read(out, seg, np.zeros(len(seg.valid), dtype=bool))
+    else:  # in input order, each stretch against the ids before it
+        for seg in segments:
+            if seg.index is None:
+                drop, repeated = checks.repeats(seg.part, seg.valid, seg.h, seg.locs)
+                out.errors.extend([*seg.errors, *repeated])
+                _add_read(out, seg, drop)
+            elif not checks.ids.any_seen(seg.h):
+                checks.ids.register(seg.h, seg.locs)
+                _add_unread(out, seg)
+            else:
+                _reread_blocks(out, seg, checks, unread_index, pending)
+    checks.count(out.errors)
+    work = out.work(records, batch)
+    work.identities = [(b.file, b.group, b.unit) for b in blocks if b.unit is not None]
+    work.identities += [(b.file, -1, b.file_unit) for b in blocks if b.file_unit is not None]
+    work.exits = list(getattr(batch, "exits", []))
+    return work
+
+
+def _unread(index: pa.Table, prev: int, file: int, blocks: list[Block]) -> _Segment:
+    h = np.asarray(to_numpy(index.column("idh")), np.int64)
+    loc = np.asarray(to_numpy(index.column("loc")), np.int64)
+    loc = (loc & ((1 << SHIFT) - 1)) | (np.int64(file) << SHIFT)  # where this run read it
+    index = index.set_column(index.schema.get_field_index("loc"), "loc", arrow_array(loc))
+    return _Segment(blocks=blocks, h=h, locs=loc, index=index, prev=prev)
+
+
+def _carried_segments(blocks: list[Block], unread_index: Callable[[int, int], pa.Table] | None) -> list[_Segment]:
+    """Consecutive blocks carried over unread, as stretches of contiguous previous rows (their row index read
+    a stretch at a time)."""
+    segments = []
+    k = 0
+    while k < len(blocks):
+        first = blocks[k].carried
+        assert first is not None
+        end = first.prev + first.rows
+        m = k + 1
+        while m < len(blocks):  # blocks whose previous rows follow on: one stretch
+            c = blocks[m].carried
+            if c is None or c.prev != end or blocks[m].file != blocks[k].file:
+                break
+            end += c.rows
+            m += 1
+        if unread_index is None:  # carried blocks come from a previous output with a row index only
+            raise RuntimeError("a block carried over with no previous row index to take it from")
+        segments.append(_unread(unread_index(first.prev, end), first.prev, blocks[k].file, blocks[k:m]))
+        k = m
+    return segments
+
+
+def _add_unread(out: _Builder, seg: _Segment) -> None:
+    assert seg.index is not None
+    out.unread_rows(seg.index, seg.prev)
+    for block in seg.blocks:
+        assert block.carried is not None
+        out.counts.append((block.file, block.group, block.carried.rows, block.carried.rows))
+
+
+def _reread_blocks(
+    out: _Builder, seg: _Segment, checks: RowChecks, unread_index: Callable[[int, int], pa.Table] | None,
+    pending: list[InputError],
+) -> None:
+    """A stretch carried over unread in which an id seen earlier in the run is: block by block, each carried
+    over or (the one with that id) read after all, so the repeat is reported where a full run reports it."""
+    for block in seg.blocks:
+        c = block.carried
+        assert c is not None
+        if unread_index is not None:
+            one = _unread(unread_index(c.prev, c.prev + c.rows), c.prev, block.file, [block])
+            if not checks.ids.any_seen(one.h):
+                checks.ids.register(one.h, one.locs)
+                _add_unread(out, one)
                 continue
-            batch = slice_batch(batch, len(head))
-        work = checks.check(batch, pending)
-        pending.clear()
-        split(work)
-        yield work
-    if skip_left:
-        del pending[: min(len(pending), skip_left)]
-    if pending:
-        checks.count(pending)
-        yield Work(records=len(pending), errors=list(pending))
+        assert c.reread is not None
+        before = len(pending)
+        for again in c.reread():
+            again_blocks = list(again.blocks) or [Block(block.file, block.start, 0, len(again))]
+            files = _files_of(again, len(again)) if again.blocks else np.full(len(again), block.file, np.int64)
+            part = _read_segment(again, again_blocks, files, checks)
+            drop, repeated = checks.repeats(part.part, part.valid, part.h, part.locs)
+            out.errors.extend([*part.errors, *repeated])
+            _add_read(out, part, drop)
+        out.errors.extend(pending[before:])
+
+
+def _read_segment(batch: Any, blocks: list[Block], files: np.ndarray, checks: RowChecks) -> _Segment:
+    """The rows read of consecutive `blocks` of `batch`, their texts checked (ids not yet registered)."""
+    lo, hi = blocks[0].first, blocks[-1].stop
+    part = batch if (lo, hi) == (0, len(batch)) else slice_batch(batch, lo, hi)
+    valid, errors, h, locs = checks.valid(part, files[lo:hi])
+    return _Segment(part=part, blocks=blocks, valid=valid, errors=errors, h=h, locs=locs)
+
+
+def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
+    """Add a read segment's kept rows (its valid rows but `drop`) to `out`, with its blocks' counts and marks."""
+    blocks = seg.blocks
+    if not blocks:
+        return
+    lo, hi = blocks[0].first, blocks[-1].stop
+    keep = seg.valid[~drop]
+    first = out.read_rows
+    kept = np.zeros(hi - lo, dtype=bool)
+    kept[keep] = True
+    kept_before = np.concatenate([[0], np.cumsum(kept)])
+    for block in blocks:
+        a, b = block.first - lo, block.stop - lo
+        rows = int(kept_before[b] - kept_before[a])
+        out.counts.append((block.file, block.group, block.records, rows))
+        if block.identity is not None and block.errors == 0 and rows == b - a and rows:
+            out.marks.append((first + int(kept_before[a]), block.identity, rows))
+    out.read(seg.part, keep, seg.h[~drop], seg.locs[~drop])
+
+
+def index_table(work: Work) -> pa.Table:
+    """The row index (INDEX_SCHEMA) of a work item's output rows: the rows read (keys, id hashes, locations,
+    blocks read whole), and the rows carried over unread (their previous row index, located in this run)."""
+    n = len(work.read_idh)
+    keys = work.keys if work.keys is not None else np.zeros(n, f"S{KEY_TYPE.byte_width}")
+    block = pa.nulls(n, KEY_TYPE)
+    block_rows = pa.nulls(n, pa.int32())
+    if work.marks:
+        at = np.asarray([m[0] for m in work.marks], np.int64)
+        block = scattered(n, at, [m[1] for m in work.marks], KEY_TYPE)
+        block_rows = scattered(n, at, [m[2] for m in work.marks], pa.int32())
+    read = pa.table(
+        [keys_array(keys[:n]), arrow_array(np.asarray(work.read_idh, np.int64)),
+         arrow_array(np.asarray(work.read_loc, np.int64)), block,
+         block_rows],
+        schema=INDEX_SCHEMA,
+    )
+    unread = [t.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA) for kind, _, t in work.segments if kind == "unread"]
+    if not unread:
+        return read
+    both = pa.concat_tables([read, *unread])
+    src = work.src
+    position = np.where(src >= 0, src, 0)
+    position[src < 0] = n + np.arange(int((src < 0).sum()))
+    return both.take(arrow_array(position)).combine_chunks()
+
+
+def joined(works: list[Work]) -> Any:
+    """The rows to compute of several work items as one batch (None when there are none)."""
+    parts = [w.compute for w in works if w.compute is not None and len(w.compute)]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else concat_batches(parts)
+
+
+__all__ = ["RowChecks", "Work", "index_table", "joined", "read_work"]

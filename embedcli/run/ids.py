@@ -2,55 +2,56 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
 
+SHIFT = 40  # a packed location: file index << SHIFT | line (text) or row (Parquet) number
+# Sorted runs stop merging at this many ids (4 MiB): memory stays 16 bytes an id with no merge of a
+# corpus-sized run (which took ~3x that for a moment); a lookup searches a run per 262k ids.
+RUN_CAP = 1 << 18
+
+
+def id_hashes(ids: Sequence[str]) -> np.ndarray:
+    """Stable 64-bit hashes of ids (BLAKE2b-64 of their UTF-8), as int64: kept in the row index, so a resumed
+    run and a rerun know the ids of rows they do not read again."""
+    blake = hashlib.blake2b
+    raw = b"".join(blake(i.encode("utf-8", "surrogatepass"), digest_size=8).digest() for i in ids)
+    return np.frombuffer(raw, dtype="<i8").copy() if raw else np.zeros(0, np.int64)
+
+
+def pack_locations(files: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """Packed locations (file index, line/row number) as int64."""
+    return (np.asarray(files, np.int64) << SHIFT) | np.asarray(numbers, np.int64)
+
 
 class IdSet:
-    """The ids seen so far, as 64-bit hashes with the packed location of their first occurrence.
+    """The ids seen so far, as stable 64-bit hashes with the packed location of their first occurrence.
 
-    16 bytes per row in sorted numpy runs (merged like an LSM tree), so a 10M-row corpus costs ~160 MB
-    rather than a Python set's ~1 GB. Python's string hash is 64-bit: a false duplicate among 10M ids
-    has a probability of about 3e-6.
+    16 bytes per row in sorted numpy runs (merged like an LSM tree, up to RUN_CAP ids a run), so a 10M-row
+    corpus costs ~160 MB rather than a Python set's ~1 GB. A false duplicate among 10M ids has a probability of about 3e-6.
+    `names` and `words` name file `i` and what its numbers count ("line", "row").
     """
 
-    SHIFT = 40
-
-    def __init__(self) -> None:
+    def __init__(self, names: Sequence[str] = (), words: Sequence[str] = ()) -> None:
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []
-        self._files: dict[str, int] = {}
-        self._names: list[str] = []
-        self._words: dict[int, str] = {}
+        self.names = list(names)
+        self.words = list(words)
 
-    def _loc(self, source: str, location: str) -> int:
-        idx = self._files.get(source)
-        if idx is None:
-            idx = self._files[source] = len(self._names)
-            self._names.append(source)
-        word, _, number = location.rpartition(" ")
-        self._words.setdefault(idx, word or "record")
-        try:
-            n = int(number)
-        except ValueError:
-            n = 0
-        return (idx << self.SHIFT) | n
+    def __len__(self) -> int:
+        return sum(len(h) for h, _ in self._runs)
 
     def describe(self, packed: int) -> tuple[str, str]:
         """(file, 'line N' / 'row N') of a packed location."""
-        idx = packed >> self.SHIFT
-        return self._names[idx], f"{self._words.get(idx, 'record')} {packed & ((1 << self.SHIFT) - 1)}"
+        idx = packed >> SHIFT
+        name = self.names[idx] if idx < len(self.names) else f"input {idx}"
+        word = self.words[idx] if idx < len(self.words) else "record"
+        return name, f"{word} {packed & ((1 << SHIFT) - 1)}"
 
-    def add(self, source: str, ids: Sequence[str], locations: Sequence[str]) -> list[tuple[int, int]]:
-        """Register a batch's ids; returns (index in batch, packed first location) of every repeat.
-
-        The first occurrence wins; repeats are not registered.
-        """
-        n = len(ids)
-        if n == 0:
-            return []
-        h = np.fromiter(map(hash, ids), dtype=np.int64, count=n)
-        locs = np.fromiter((self._loc(source, loc) for loc in locations), dtype=np.int64, count=n)
+    def _first_seen(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seen before, its packed first location) of each hash."""
+        n = len(h)
         first = np.full(n, -1, dtype=np.int64)
         seen = np.zeros(n, dtype=bool)
         for rh, rl in self._runs:
@@ -58,6 +59,37 @@ class IdSet:
             hit = (rh[pos] == h) & ~seen
             first[hit] = rl[pos[hit]]
             seen |= hit
+        return seen, first
+
+    def any_seen(self, hashes: np.ndarray) -> bool:
+        """Whether any of `hashes` was seen already."""
+        return bool(len(hashes)) and bool(self._first_seen(np.asarray(hashes, np.int64))[0].any())
+
+    def register(self, hashes: np.ndarray, locations: np.ndarray) -> None:
+        """Register ids known to be new (none seen, none repeated among them)."""
+        h = np.asarray(hashes, np.int64)
+        if len(h):
+            o = np.argsort(h, kind="stable")
+            self._push(h[o], np.asarray(locations, np.int64)[o])
+
+    def _push(self, sorted_h: np.ndarray, sorted_locs: np.ndarray) -> None:
+        runs = self._runs
+        runs.append((sorted_h, sorted_locs))
+        while (len(runs) > 1 and len(runs[-2][0]) <= 2 * len(runs[-1][0])
+               and len(runs[-2][0]) + len(runs[-1][0]) <= RUN_CAP):
+            (bh, bl), (ah, al) = runs.pop(), runs.pop()
+            runs.append(_merge(ah, al, bh, bl))
+
+
+    def add(self, hashes: np.ndarray, locations: np.ndarray) -> list[tuple[int, int]]:
+        """Register ids (their hashes and packed locations); returns (index, packed first location) of every
+        repeat, within the call or of an earlier one. The first occurrence wins; repeats are not registered."""
+        h = np.asarray(hashes, np.int64)
+        locs = np.asarray(locations, np.int64)
+        n = len(h)
+        if n == 0:
+            return []
+        seen, first = self._first_seen(h)
         order = np.argsort(h, kind="stable")
         hs = h[order]
         starts = np.ones(n, dtype=bool)
@@ -73,10 +105,17 @@ class IdSet:
         if keep.any():
             kh, kl = h[keep], locs[keep]
             o = np.argsort(kh, kind="stable")
-            self._runs.append((kh[o], kl[o]))
-            while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
-                (ah, al), (bh, bl) = self._runs.pop(), self._runs.pop()
-                mh, ml = np.concatenate([bh, ah]), np.concatenate([bl, al])
-                o = np.argsort(mh, kind="stable")
-                self._runs.append((mh[o], ml[o]))
+            self._push(kh[o], kl[o])
         return [(int(i), int(first[i])) for i in np.nonzero(repeat)[0]]
+
+
+def _merge(ah: np.ndarray, al: np.ndarray, bh: np.ndarray, bl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two sorted runs as one (a linear merge: no sort, no concatenated copy)."""
+    at = np.searchsorted(ah, bh, side="right") + np.arange(len(bh))
+    n = len(ah) + len(bh)
+    h, loc = np.empty(n, np.int64), np.empty(n, np.int64)
+    mine = np.ones(n, dtype=bool)
+    mine[at] = False
+    h[at], loc[at] = bh, bl
+    h[mine], loc[mine] = ah, al
+    return h, loc

@@ -60,14 +60,15 @@ class Sink(Protocol):
     """Where the loop writes committed rows: `embedcli.io.shards.ShardStore` (staged, resumable) or
     `embedcli.run.sinks.StdoutSink` (`-o -`)."""
 
-    def write(self, table: Any, keys: Any) -> None: ...  # keys: np.ndarray of row keys, or None
+    def write(self, out: Any) -> None: ...  # an embedcli.io.shards.RowsOut
 
     def add_errors(self, records: list[dict[str, Any]]) -> None: ...
 
     @property
     def pending_errors(self) -> list[dict[str, Any]]: ...
 
-    def commit(self, records_end: int) -> object: ...
+    # records_end: input records done; end: where reading goes on (a ReadPoint); units: InputUnits JSON
+    def commit(self, records_end: int, end: Any = None, units: str | None = None) -> object: ...
 
     def abort(self) -> None: ...
 

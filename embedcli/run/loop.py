@@ -24,6 +24,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import pyarrow as pa
@@ -39,8 +40,13 @@ from embedcli.errors import (
 )
 from embedcli.io.arrow_values import arrow_array
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
-from embedcli.run.checks import Work, read_work
-from embedcli.run.incremental import Carry, open_previous
+from embedcli.io.positions import BLOCK_LINES, ReadPoint
+from embedcli.io.readers import detect_format
+from embedcli.io.units import InputUnits
+from embedcli.run.checks import RowChecks, Work, joined, read_work
+from embedcli.run.grid import batch_chars, grid_of
+from embedcli.run.ids import IdSet
+from embedcli.run.incremental import Carry, count_units, open_previous
 from embedcli.run.job import Job, Rows, Sink, SliceEngine
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag, StopNow
@@ -50,18 +56,44 @@ from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
 from embedcli.run.target import check_target, resolve_output
 
-# A batch is the loop's unit of work: progress, `--commit-every` and a clean stop act between batches. Cut
-# by text size as well as by rows (characters ~ tokens ~ compute), a batch is a few of the engine's packed
-# forwards on any device and any text length; the cut depends on the data and the token budget only, so a
-# rerun cuts the same records and resumes bit for bit.
-CHARS_PER_TOKEN = 4
-FORWARDS_PER_BATCH = 4
+# A reader's batch spans at most this many times a batch's rows in records (rows carried over unread count),
+# and a pool at most POOL_RECORDS_PER_ROW times: a stretch carried over commits now and then, while rows
+# to compute 1% apart still fill a pool's forwards as rows appended together do.
+BATCH_RECORDS_PER_ROW = 8
+POOL_RECORDS_PER_ROW = 64
 
 
-def batch_chars(engine: Any) -> int | None:
-    """The text-size cap of a batch for `engine` (None when it has no token budget)."""
-    budget = getattr(engine, "max_batch_tokens", None)
-    return budget * CHARS_PER_TOKEN * FORWARDS_PER_BATCH if isinstance(budget, int) else None
+@dataclass
+class Pool:
+    """Consecutive work items whose rows to compute go to the engine as one batch: the loop's unit of
+    work (progress, `--commit-every` and a clean stop act between pools)."""
+
+    works: list[Work]
+    compute: Any = None
+    compute_rows: int = 0
+    records: int = 0
+
+
+def pooled(works: Iterable[Work], rows: int, chars: int | None, records: int) -> Iterator[Pool]:
+    """Work items grouped into pools: a pool closes after the work item that brings its rows to compute to
+    `rows` rows or `chars` characters of text, its records to `records`, or that ends at a cut of the run
+    (`embedcli.run.grid`). Rows to compute scattered over many batches or files share forwards; the cut
+    depends on the data (and the previous output) only, so a resumed run pools the same rows."""
+    current: list[Work] = []
+    n_rows = n_chars = n_records = 0
+    for work in works:
+        current.append(work)
+        compute = work.compute
+        if compute is not None:
+            n_rows += len(compute)
+            if chars is not None:
+                n_chars += sum(len(t) for t in compute.texts if t is not None)
+        n_records += work.records
+        if work.grid_end or n_rows >= rows or (chars is not None and n_chars >= chars) or n_records >= records:
+            yield Pool(current, joined(current), n_rows, n_records)
+            current, n_rows, n_chars, n_records = [], 0, 0, 0
+    if current:
+        yield Pool(current, joined(current), n_rows, n_records)
 
 
 class Pipeline:
@@ -74,6 +106,10 @@ class Pipeline:
         self.source = job.source if isinstance(job.source, BatchSource) else None
         self.report = RunReport(quiet=job.reporting.quiet)
         self.carry = Carry(None, list(self.source.inputs.keep_cols) if self.source else [])
+        self.carry_blocks: dict[bytes, tuple[int, int]] = {}
+        self.carry_units: dict[bytes, tuple[int, int, Any]] = {}
+        self.units = InputUnits()
+        self.read_point: ReadPoint | None = None
         self.manifest: Any = None
         self.store: Any = None
         self.paths: list[str] | None = None
@@ -160,25 +196,33 @@ class Pipeline:
         """Set up `--incremental`'s carry-over from the previous output (if any)."""
         previous = open_previous(self.flags, in_place, existing, self.meta, self.base_meta, self.note)
         self.carry = Carry(previous, self.carry.keep_cols)
+        if previous is not None and previous.has_ids() and self.fingerprints is not None:
+            self.carry_blocks = previous.blocks()
+            self.carry_units = previous.unit_map()
 
     # -- stdout --------------------------------------------------------------------------------------
     def _run_stdout(self) -> int:
         self.start_engine()
         sink = StdoutSink(self.output.fmt, self.base_meta)
         self.open_previous(None, None)
+        sink.previous = self.carry.previous
         try:
-            self.guarded_loop(sink, skip=0, errors=lambda: sink.errors)
+            self.guarded_loop(sink, None, 0, errors=lambda: sink.errors)
         finally:
             self.report.rows = sink.rows
         sink.finish(self.empty_output())
         self.report.summary(self.job.engine, self.report.new_errors, sink.rows, self.flags.errors_file)
         return EXIT_SKIPPED if self.report.new_errors else EXIT_OK
 
-    def guarded_loop(self, sink: Sink, skip: int, errors: Callable[[], Iterable[dict[str, Any]]]) -> None:
-        """The loop, then `--errors-file` with every bad row (`errors()`) and the row that stopped the run."""
+    def guarded_loop(
+        self, sink: Sink, start: ReadPoint | None, records: int, errors: Callable[[], Iterable[dict[str, Any]]],
+        ids: IdSet | None = None,
+    ) -> None:
+        """The loop from `start` (`records` input records done before it), then `--errors-file` with every bad
+        row (`errors()`) and the row that stopped the run."""
         fatal: list[dict[str, Any]] = []
         try:
-            self._loop(sink, skip)
+            self._loop(sink, start, records, ids)
         except InputError as e:
             if e.location or e.record_id is not None:
                 fatal.append(e.to_record())
@@ -187,24 +231,65 @@ class Pipeline:
             self.report.write_errors_file(self.flags.errors_file, [*errors(), *fatal])
 
     # -- the loop ------------------------------------------------------------------------------------
-    def _loop(self, sink: Sink, skip: int) -> None:
+    def id_set(self) -> IdSet:
+        """An empty duplicate-id set naming this run's inputs."""
+        paths = self.paths or []
+        words = []
+        for p in paths:
+            try:
+                words.append("row" if detect_format(p, self.source.inputs.fmt if self.source else None) == "parquet"
+                             else "line")
+            except InputError:
+                words.append("record")
+        return IdSet(paths, words)
+
+    def _open_reader(self, start: ReadPoint | None, chars: int | None) -> Callable[[Any], Any]:
+        source = self.source
+        assert source is not None
+        batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
+        block = min(BLOCK_LINES, batch_rows)
+        # The cuts make a run's batches those of its --shard slices; --incremental (which --shard refuses)
+        # goes without, so rows to compute 1% apart fill forwards as appended rows do.
+        cut = self.fingerprints is not None and self.carry.previous is None
+        grid = grid_of(self.paths or [], source.inputs.fmt, chars, block) if cut else None
+        run: dict[str, Any] = {
+            "start": start, "cuts": grid.cuts if grid is not None else None, "fingerprints": self.fingerprints,
+            "carry_blocks": self.carry_blocks, "carry_units": self.carry_units,
+        }
+
+        def open_reader(on_bad: Any) -> Any:
+            reader = source.open(self.paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=chars, **run)
+            reader.spec.batch_records = batch_rows * BATCH_RECORDS_PER_ROW
+            self._reader_spec = reader.spec
+            return reader
+
+        return open_reader
+
+    def _loop(self, sink: Sink, start: ReadPoint | None, records: int, ids: IdSet | None) -> None:
         if isinstance(self.job.engine, SliceEngine):  # its workers read, compute and write; this commits
-            run_sliced(self, sink, skip, batch_chars(self.job.engine))
+            run_sliced(self, sink, start, records, ids if ids is not None else self.id_set(),
+                       batch_chars(self.job.engine))
             return
         report, engine, codec = self.report, self.job.engine, self.job.codec
-        report.resumed_records = report.records_done = skip
+        report.resumed_records = report.records_done = records
         errors_before = self._errors_before = self.manifest.errors if self.manifest is not None else 0
-        progress = report.start_progress(skip, self.flags.log_every)
-        held: deque[Work] = deque()
+        progress = report.start_progress(records, self.flags.log_every)
+        held: deque[Pool] = deque()
+        chars = batch_chars(engine)
+        checks = RowChecks(self.flags, errors_before, ids if ids is not None else self.id_set())
+        batch_rows = min(self.source.inputs.batch_rows, self.flags.shard_rows) if self.source else \
+            self.flags.shard_rows
+        previous = self.carry.previous
 
         def inputs() -> Iterator[Sequence[Any]]:
-            work_items = read_work(
-                self.job.source, self.paths, self.flags, skip, errors_before, self.carry.split, report.seconds,
-                batch_chars(engine),
+            works = read_work(
+                self.job.source, self.carry.split, report.seconds, checks,
+                open_reader=self._open_reader(start, chars) if self.source is not None else None,
+                unread_index=previous.index_rows if previous is not None and previous.has_ids() else None,
             )
-            for work in work_items:
-                held.append(work)
-                yield codec.inputs(work.compute) if work.compute is not None else []
+            for pool in pooled(works, batch_rows, chars, batch_rows * POOL_RECORDS_PER_ROW):
+                held.append(pool)
+                yield codec.inputs(pool.compute) if pool.compute is not None else []
 
         results = engine.map(inputs())
         self._in_write = False
@@ -226,9 +311,13 @@ class Pipeline:
                 close()
             progress.close()
             report.progress = None
+            spec = getattr(self, "_reader_spec", None)
+            if spec is not None:
+                report.rows_read = spec.rows_read
 
-    def _drive(self, sink: Sink, results: Iterator[Any], held: deque[Work], stop: StopFlag) -> None:
-        """Write each result, commit every `--shard-rows` records or `--commit-every` seconds, stop on a signal."""
+    def _drive(self, sink: Sink, results: Iterator[Any], held: deque[Pool], stop: StopFlag) -> None:
+        """Write each pool's rows, commit every `--shard-rows` records or `--commit-every` seconds (always
+        between pools), stop on a signal."""
         report, flags = self.report, self.flags
         last_commit = time.monotonic()
         since_commit = 0
@@ -240,18 +329,23 @@ class Pipeline:
                 break
             except StopNow:
                 self._stopped(sink, stop)
-            work = held.popleft()
-            answered: list[InputError] = []
-            if work.batch is not None and len(work.batch):
-                answered = self._write(sink, work, result)
-            errors = [*work.errors, *answered]
+            pool = held.popleft()
+            answered = self._write(sink, pool, result)
+            errors = [e for w in pool.works for e in w.errors]
+            errors += answered
             if errors:
                 sink.add_errors([e.to_record() for e in errors])
                 report.bad_rows(errors)
-            report.records_done += work.records
-            since_commit += work.records
+            for work in pool.works:
+                self.units_done(work)
+                if work.end is not None:
+                    self.read_point = work.end
+            report.records_done += pool.records
+            # rows carried over unread are cheap to take again: they weigh an eighth towards --shard-rows
+            unread = sum(w.unread for w in pool.works)
+            since_commit += pool.records - unread + unread // 8
             assert report.progress is not None
-            report.progress.update(work.records, self.job.engine.stats.tokens)
+            report.progress.update(pool.records, self.job.engine.stats.tokens)
             if stop.requested:
                 self._stopped(sink, stop)
             now = time.monotonic()
@@ -259,6 +353,10 @@ class Pipeline:
                 self._commit(sink)
                 last_commit, since_commit = now, 0
         self._commit(sink)
+
+    def units_done(self, work: Work) -> None:
+        """Count a work item's records and rows per input file and row group (`InputUnits`)."""
+        count_units(self.units, work, self.carry.previous, self.carry_units)
 
     def _stopped(self, sink: Sink, stop: StopFlag) -> NoReturn:
         """Commit what is written, say so, and stop (exit 130)."""
@@ -270,31 +368,32 @@ class Pipeline:
         )
         raise KeyboardInterrupt(stop.signal_name)
 
-    def _write(self, sink: Sink, work: Work, result: Any) -> list[InputError]:
-        """Write a work item's rows; returns the rows the codec answered as bad (see `Rows`)."""
+    def _write(self, sink: Sink, pool: Pool, result: Any) -> list[InputError]:
+        """Write a pool's rows; returns the rows the codec answered as bad (see `Rows`)."""
         computed = None
         answered: list[InputError] = []
-        if len(work.compute_idx) or not len(work.carry_idx):
-            computed = self.job.codec.table(work.compute, result)
+        if pool.compute is not None:
+            computed = self.job.codec.table(pool.compute, result)
             if isinstance(computed, Rows):
                 answered = list(computed.errors)
                 computed = computed.table
                 if answered and self.flags.on_error == "fail":
                     raise answered[0]
-                self._check_max_errors(answered, len(work.errors))  # before anything of this batch is written
-        table, carried = self.carry.join(work, computed)
-        self.report.carried_rows += carried
-        self.report.computed_rows += len(work.compute_idx)
+                read_errors = sum(len(w.errors) for w in pool.works)
+                self._check_max_errors(answered, read_errors)  # before anything of this pool is written
+        out = self.carry.rows_out(pool.works, pool.compute_rows, computed, self.report)
+        if out is None:
+            return answered
         t0 = time.perf_counter()
         self._in_write = True
-        sink.write(table, work.keys if table.num_rows == len(work.batch) else None)
+        sink.write(out)
         self._in_write = False
         self.report.seconds["write"] += time.perf_counter() - t0
         return answered
 
     def _check_max_errors(self, answered: list[InputError], read_errors: int) -> None:
         """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);
-        `read_errors`: the reader's bad rows of this batch, not yet reported."""
+        `read_errors`: the reader's bad rows of this pool, not yet reported."""
         limit = self.flags.max_errors
         total = self._errors_before + self.report.new_errors + read_errors + len(answered)
         if not answered or limit is None or total <= limit:
@@ -308,13 +407,13 @@ class Pipeline:
 
     def _commit(self, sink: Sink) -> None:
         t0 = time.perf_counter()
-        sink.commit(self.report.records_done)
+        sink.commit(self.report.records_done, self.read_point, self.units.to_json())
         self.report.seconds["write"] += time.perf_counter() - t0
 
     def _commit_quietly(self, sink: Sink) -> None:
-        """Commit finished batches on the way out of a failure; a failing commit is dropped."""
+        """Commit finished pools on the way out of a failure; a failing commit is dropped."""
         try:
-            sink.commit(self.report.records_done)
+            sink.commit(self.report.records_done, self.read_point, self.units.to_json())
         except Exception:
             sink.abort()
 

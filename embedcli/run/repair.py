@@ -27,6 +27,7 @@ from embedcli.io.manifest import (
     staging_dir,
     strip_slash,
 )
+from embedcli.io.positions import ReadPoint
 from embedcli.io.shards import _errors_name, _index_name
 from embedcli.run.job import Job, Reporting, Target
 from embedcli.run.sharding import RangeSource
@@ -55,16 +56,20 @@ def missing_shards(job: Job) -> tuple[str, Manifest, list[ShardEntry]] | None:
     return out, manifest, missing
 
 
-def _shard_job(job: Job, shard: ShardEntry, scratch: str) -> Job:
-    """The job that recomputes one shard's record range into `scratch`."""
+def _shard_job(job: Job, manifest: Manifest, shard: ShardEntry, scratch: str) -> Job:
+    """The job that recomputes one shard's records into `scratch`: read from where the shard before it ended
+    (the manifest's read points) to where it ended."""
     source = job.source
     assert isinstance(source, BatchSource)
-    base = source.start if isinstance(source, RangeSource) else 0
-    lo, hi = shard.records
-    ranged = RangeSource(source.inputs, source.extra_text_cols, start=base + lo, stop=base + hi, label="repair")
+    before = manifest.shards[shard.number - 1].end if shard.number > 0 else None
+    start = ReadPoint.from_dict(before) if before else (source.start if isinstance(source, RangeSource) else None)
+    stop = ReadPoint.from_dict(shard.end) if shard.end else None
+    ranged = RangeSource(source.inputs, source.extra_text_cols, start=start, stop=stop, label="repair")
+    # The same --shard-rows (batches are cut by it): the shard's pools are those of the run that made it, and
+    # they commit once, at its end.
     flags = replace(
         job.flags, shards_dir=True, overwrite=True, incremental=False, previous=None, shard=None,
-        errors_file=None, shard_rows=max(1, hi - lo), commit_every=1e9,
+        errors_file=None, commit_every=1e9,
     )
     return replace(job, source=ranged, flags=flags, target=Target(scratch), reporting=Reporting(quiet=True))
 
@@ -75,7 +80,7 @@ def repair_missing_shards(job: Job, run_job: Callable[[Job], int]) -> list[str]:
     found = missing_shards(job)
     if found is None:
         return []
-    out, _, missing = found
+    out, manifest, missing = found
     root = staging_dir(out)
     created = make_staging_dir(root, out)  # refuses a link planted there
     repaired: list[str] = []
@@ -84,7 +89,7 @@ def repair_missing_shards(job: Job, run_job: Callable[[Job], int]) -> list[str]:
             for stale in glob.glob(glob.escape(os.path.join(os.path.dirname(out), _repair_prefix(out))) + "*"):
                 shutil.rmtree(stale, ignore_errors=True)  # a killed repair's scratch (a name only repair makes)
             for s in missing:
-                _repair_one(job, run_job, out, s)
+                _repair_one(job, run_job, out, manifest, s)
                 repaired.append(s.file or "")
     finally:
         if created:
@@ -96,13 +101,13 @@ def _repair_prefix(out: str) -> str:
     return f"{os.path.basename(out)}.embedcli-repair-"
 
 
-def _repair_one(job: Job, run_job: Callable[[Job], int], out: str, s: ShardEntry) -> None:
+def _repair_one(job: Job, run_job: Callable[[Job], int], out: str, manifest: Manifest, s: ShardEntry) -> None:
     """Recompute shard `s` into a fresh scratch directory beside `out`, check it, rename its files in."""
     # a fresh name: nothing already beside the output (a link, a user's folder) is ever emptied or written through
     holder = tempfile.mkdtemp(prefix=_repair_prefix(out), dir=os.path.dirname(out))
     scratch = os.path.join(holder, "shard")
     try:
-        run_job(_shard_job(job, s, scratch))
+        run_job(_shard_job(job, manifest, s, scratch))
         made = Manifest.load(scratch)
         if made is None or len(made.shards) != 1 or made.shards[0].rows != s.rows:
             rows = sum(x.rows for x in made.shards) if made else "?"

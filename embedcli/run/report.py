@@ -50,6 +50,8 @@ class RunReport:
     seconds: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "write": 0.0, "finalize": 0.0})
     computed_rows: int = 0
     carried_rows: int = 0
+    carried_unread: int = 0  # of carried_rows: taken over without reading their text (blocks, files, row groups)
+    rows_read: int = 0  # rows parsed from the inputs' text (a resume reads none of the committed ones)
     new_errors: int = 0
     shown_errors: int = 0
     resumed_records: int = 0
@@ -121,6 +123,8 @@ class RunReport:
             "input_rows": self.records_done,
             "computed_rows": self.computed_rows,
             "carried_rows": self.carried_rows,
+            "carried_unread_rows": self.carried_unread,
+            "rows_read": self.rows_read,
             "skipped_rows": self.skipped if self.skipped is not None else self.new_errors,
             "resumed_rows": self.resumed_records,
             "tokens": stats.tokens,

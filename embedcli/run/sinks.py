@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import numpy as np
-
 from embedcli.errors import STDIN
+from embedcli.io.shards import RowsOut, resolve_rows
 from embedcli.io.writers import open_writer
 
 
@@ -22,9 +21,13 @@ class StdoutSink:
         self.errors: list[dict[str, Any]] = []
         self.rows = 0
         self.pending_rows = 0
+        self.previous: Any = None  # embedcli.io.previous.PreviousOutput: rows taken over from it
 
-    def write(self, table: Any, keys: np.ndarray | None) -> None:
-        """Write a table of rows (the keys are not kept: stdout has no index)."""
+    def write(self, out: RowsOut) -> None:
+        """Write rows (rows of the previous output read there; no index: stdout keeps none)."""
+        table = resolve_rows(out, self.previous, self.schema)
+        if table is None:
+            return
         if self.writer is None:
             self.schema = table.schema
             self.writer = open_writer(STDIN, table.schema, self.meta, fmt=self.fmt)
@@ -43,7 +46,7 @@ class StdoutSink:
         """Bad rows not yet committed (none: stdout commits nothing)."""
         return []
 
-    def commit(self, records_end: int) -> None:
+    def commit(self, records_end: int, end: Any = None, units: str | None = None) -> None:
         """Flush stdout."""
         sys.stdout.flush()
 

@@ -12,11 +12,10 @@ first bad row under `--on-error fail`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,20 +23,22 @@ import numpy as np
 import pyarrow as pa
 
 from embedcli.errors import EmbedcliError, InputError
+from embedcli.io.arrow_values import to_numpy
 from embedcli.io.previous import PreviousOutput
 from embedcli.io.shard_files import ShardWriter
-from embedcli.io.shards import WrittenShard
-from embedcli.run.checks import Work, read_work
+from embedcli.io.shards import WrittenShard, resolve_rows
+from embedcli.io.units import InputUnits
+from embedcli.run.checks import RowChecks, Work, read_work
 from embedcli.run.flags import RunFlags
-from embedcli.run.incremental import Carry
+from embedcli.run.ids import IdSet
+from embedcli.run.incremental import Carry, count_units
 from embedcli.run.job import Rows
 from embedcli.run.report import ERRORS_SHOWN
-from embedcli.run.slices import InputSlice, SliceSource
+from embedcli.run.slices import InputSlice
 from embedcli.run.source import BatchSource
 
 SHOWN = ERRORS_SHOWN + 1
 """Bad rows of a slice sent back whole, to be shown by the driver (the rest are in the slice's errors file)."""
-LOCATION_SHIFT = 40
 
 
 def portable(e: BaseException) -> tuple[type[BaseException], tuple[Any, ...], dict[str, Any]]:
@@ -54,31 +55,6 @@ def rebuilt(parts: tuple[type[BaseException], tuple[Any, ...], dict[str, Any]]) 
     return e
 
 
-def id_hashes(ids: Sequence[str]) -> np.ndarray:
-    """A 64-bit hash of each id, the same in every process (Python's `hash` of a string is not)."""
-    out = np.empty(len(ids), dtype=np.int64)
-    for i, rid in enumerate(ids):
-        digest = hashlib.blake2b(rid.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-        out[i] = int.from_bytes(digest, "little", signed=True)
-    return out
-
-
-def pack_locations(files: Sequence[int], locations: Sequence[str]) -> np.ndarray:
-    """`file index << 41 | is_row << 40 | N` of each `line N` / `row N` location."""
-    out = np.empty(len(locations), dtype=np.int64)
-    for i, (f, loc) in enumerate(zip(files, locations, strict=True)):
-        word, _, number = loc.rpartition(" ")
-        n = int(number) if number.isdigit() else 0
-        out[i] = (f << (LOCATION_SHIFT + 1)) | ((word == "row") << LOCATION_SHIFT) | n
-    return out
-
-
-def describe_location(paths: Sequence[str], packed: int) -> tuple[str, str]:
-    """(file, 'line N' / 'row N') of a packed location."""
-    f, row, n = packed >> (LOCATION_SHIFT + 1), (packed >> LOCATION_SHIFT) & 1, packed & ((1 << LOCATION_SHIFT) - 1)
-    return (paths[f] if 0 <= f < len(paths) else "?"), f"{'row' if row else 'line'} {n}"
-
-
 @dataclass
 class SliceResult:
     """What a worker sends back for one slice (small: names, counts, the ids of its rows)."""
@@ -90,11 +66,16 @@ class SliceResult:
     error_records: list[dict[str, Any]] = field(default_factory=list)  # every bad row, with `table` only
     errors: int = 0
     shown: list[tuple[type[BaseException], tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
-    id_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per written row, or empty
+    # per written row: its id hash and packed location (`embedcli.run.ids`), from the row index; or empty
+    id_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     id_locations: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     ids_per_row: bool = True  # id_hashes holds one per written row (else rows are not one per record)
     computed_rows: int = 0
     carried_rows: int = 0
+    carried_unread: int = 0
+    rows_read: int = 0  # rows parsed from the inputs' text (not carried over unread)
+    end: dict[str, Any] | None = None  # where reading goes on after the slice (a `ReadPoint`'s dict), if known
+    units: InputUnits = field(default_factory=InputUnits)  # the slice's records and rows per input file
     fatal: tuple[type[BaseException], tuple[Any, ...], dict[str, Any]] | None = None
     seconds: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "write": 0.0})
     stats: dict[str, Any] = field(default_factory=dict)  # the runner's counters for this slice (the engine's)
@@ -116,6 +97,8 @@ class SliceWork:
     root: str | None  # the staging directory; None: rows go back in the result (stdout)
     previous: str | None = None  # --incremental: the previous output (opened once per worker)
     batch_chars: int | None = None  # the text cap of a batch (the run loop's, from the engine's token budget)
+    fingerprints: list[dict[str, Any]] | None = None  # the inputs' (for carrying blocks and files over unread)
+    id_words: list[str] = field(default_factory=list)  # what each input's numbers count ("line", "row")
     cwd: str = field(default_factory=os.getcwd)
     _carry: Carry | None = field(default=None, repr=False, compare=False)
 
@@ -171,38 +154,49 @@ class SliceWork:
     def _run(self, engine: Any, piece: InputSlice, result: SliceResult, writer: ShardWriter | None,
              tables: list[pa.Table]) -> None:
         source: BatchSource = self.source
-        if piece.start is not None or piece.stop is not None:
-            source = SliceSource(source.inputs, source.extra_text_cols, start=piece.start, stop=piece.stop)
         flags = replace(self.flags, max_errors=None, errors_file=None)  # run-wide counts are the driver's
         carry = self.carry()
-        files = {p: i for i, p in enumerate(self.paths)}
+        previous = carry.previous
+        indexed = previous is not None and previous.has_ids() and self.fingerprints is not None
+        carry_blocks = previous.blocks() if indexed and previous is not None else None
+        carry_units = previous.unit_map() if indexed and previous is not None else None
+        # ids repeated inside the slice: the local loop's checks (the driver checks them across slices)
+        checks = RowChecks(flags, 0, IdSet(self.paths, self.id_words))
+        batch_rows = min(source.inputs.batch_rows, flags.shard_rows)
         held: deque[Work] = deque()
         hashes: list[np.ndarray] = []
         locations: list[np.ndarray] = []
 
+        specs: list[Any] = []
+
+        def open_reader(on_bad: Any) -> Any:
+            reader = source.open(self.paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=self.batch_chars,
+                                 start=piece.start, stop=piece.stop, fingerprints=self.fingerprints,
+                                 carry_blocks=carry_blocks, carry_units=carry_units)
+            specs.append(reader.spec)
+            return reader
+
         def inputs() -> Iterator[Any]:
-            items = read_work(source, self.paths, flags, piece.skip, 0, carry.split, result.seconds,
-                              self.batch_chars)
-            for work in items:
+            works = read_work((), carry.split, result.seconds, checks, open_reader=open_reader,
+                              unread_index=previous.index_rows if previous is not None and previous.has_ids() else None)
+            for work in works:
                 held.append(work)
                 yield self.codec.inputs(work.compute) if work.compute is not None else []
 
         for output in engine.map(inputs()):
             work = held.popleft()
             answered: list[InputError] = []
-            if work.batch is not None and len(work.batch):
-                table, answered = self._table(work, output, carry, result)
+            if work.rows:
+                table, index, answered = self._table(work, output, carry, result)
                 t0 = time.perf_counter()
-                one_per_record = table.num_rows == len(work.batch)
                 if writer is not None:
-                    writer.write(table, work.keys if one_per_record else None)
+                    writer.write(table, index)
                 else:
                     tables.append(table)
                 result.seconds["write"] += time.perf_counter() - t0
-                if one_per_record:
-                    b = work.batch
-                    hashes.append(id_hashes(b.ids))
-                    locations.append(pack_locations([files.get(b.source, 0)] * len(b), b.locations))
+                if index is not None:
+                    hashes.append(np.asarray(to_numpy(index.column("idh")), np.int64))
+                    locations.append(np.asarray(to_numpy(index.column("loc")), np.int64))
                 elif table.num_rows:
                     result.ids_per_row = False
             errors = [*work.errors, *answered]
@@ -215,22 +209,32 @@ class SliceWork:
                 result.shown.extend(portable(e) for e in errors[: max(0, SHOWN - len(result.shown))])
                 result.errors += len(errors)
             result.records += work.records
+            count_units(result.units, work, previous, carry_units)
+            if work.end is not None:
+                result.end = work.end.to_dict()
+        result.rows_read = sum(spec.rows_read for spec in specs)
         if hashes and result.ids_per_row:
             result.id_hashes, result.id_locations = np.concatenate(hashes), np.concatenate(locations)
 
-    def _table(self, work: Work, output: Any, carry: Carry, result: SliceResult) -> tuple[Any, list[InputError]]:
-        """A work item's output rows (computed and carried over, in input order) and the rows the codec answered
-        as bad."""
+    def _table(
+        self, work: Work, output: Any, carry: Carry, result: SliceResult
+    ) -> tuple[pa.Table, pa.Table | None, list[InputError]]:
+        """A work item's output rows (computed and carried over, in input order, with rows taken over from
+        the previous output read: a worker's shard holds every row), their row index (None: rows are not one
+        per record) and the rows the codec answered as bad."""
         computed = None
         answered: list[InputError] = []
-        if len(work.compute_idx) or not len(work.carry_idx):
+        n_compute = len(work.compute_idx) if work.compute is not None else 0
+        if work.compute is not None:
             computed = self.codec.table(work.compute, output)
             if isinstance(computed, Rows):
                 answered = list(computed.errors)
                 computed = computed.table
                 if answered and self.flags.on_error == "fail":
                     raise answered[0]
-        table, carried = carry.join(work, computed)
-        result.carried_rows += carried
-        result.computed_rows += len(work.compute_idx)
-        return table, answered
+        out = carry.rows_out([work], n_compute, computed, result)
+        if out is None:
+            return pa.table({}), None, answered
+        table = resolve_rows(out, carry.previous, None)
+        assert table is not None
+        return table, out.index, answered

@@ -1,16 +1,19 @@
 """The run loop of an engine that does whole slices where its workers are (`SliceEngine`: the Ray Data engine).
 
-The driver plans and commits; it reads no row and computes nothing. `run_sliced(pipeline, sink, skip)` takes
-the place of the local loop inside the same staging, resume and output checks (`embedcli.run.staging`):
+The driver plans and commits; it reads no row and computes nothing. `run_sliced(pipeline, sink, start,
+records, ids)` takes the place of the local loop inside the same staging, resume and output checks
+(`embedcli.run.staging`):
 
-1. **Plan** the inputs into slices (`embedcli.run.slices`), from where the manifest's last shard ends when
-   the run resumes (a manifest made by the local engine has no read points: its rest is one slice that
-   drops the committed records first).
+1. **Plan** the inputs into slices (`embedcli.run.slices`), from the read point where the manifest's last
+   shard ends when the run resumes (the local engine's and this one's record the same `ReadPoint`s).
 2. **Hand** them to the engine with a `SliceWork`: each worker reads, checks, computes and writes its slice's
    shard files into the staging directory (`-o -`: sends the rows back).
 3. **Commit** the results in plan order as they arrive: a result is adopted as the next shard and the manifest
    rewritten (the commit), so what is committed is always a prefix of the inputs and a rerun resumes after it.
-   Here the checks that span slices happen, as the local loop has them: an id repeated from an earlier slice
+   Each shard records where its slice's reading ended (the worker's last `ReadPoint`, with the readers'
+   state there) and the run's `InputUnits`, as the local loop's commits do.
+   Here the checks that span slices happen, as the local loop has them (the run's `IdSet`, with the ids of
+   the rows committed before a resume): an id repeated from an earlier slice
    (`--on-error fail`: the run stops there; `skip`: the row is dropped and recorded), `--max-errors`, the
    first bad row of a slice under `--on-error fail` (the slices before it are committed, then the run
    stops with that row's error). A signal stops the run after the slices committed so far (exit 130).
@@ -28,15 +31,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.errors import InputError, TooManyErrors, UsageError, display_path
-from embedcli.io.commit import arrow_source
-from embedcli.io.positions import ReadPoint
+from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.shard_files import drop_rows
-from embedcli.io.shards import ShardStore
+from embedcli.io.shards import RowsOut, ShardStore
+from embedcli.run.ids import IdSet
 from embedcli.run.incremental import Carry
 from embedcli.run.job import Sink, SliceEngine
 from embedcli.run.report import RunReport
 from embedcli.run.signals import StopFlag, StopNow
-from embedcli.run.slice_work import SliceResult, SliceWork, describe_location, id_hashes, rebuilt
+from embedcli.run.slice_work import SliceResult, SliceWork, rebuilt
 from embedcli.run.slices import InputSlice, first_state, plan_slices, sliceable
 from embedcli.run.source import BatchSource
 
@@ -44,55 +47,13 @@ if TYPE_CHECKING:  # the pipeline drives this module and is passed in; no import
     from embedcli.run.loop import Pipeline
 
 DUPLICATE_FIX = "give every row a unique id (or pass --on-error skip to keep the first and skip the rest)"
-UNKNOWN_LOCATION = -1
-
-
-class RunIds:
-    """The ids of a sliced run's committed rows (stable 64-bit hashes, with where each was first seen), in
-    sorted runs merged as they grow (16 bytes a row, as the local loop's `IdSet`)."""
-
-    def __init__(self) -> None:
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
-
-    def first_seen(self, h: np.ndarray) -> np.ndarray:
-        """Per hash, the packed location it was first seen at, or -2 when it is new."""
-        first = np.full(len(h), -2, dtype=np.int64)
-        for rh, rl in self._runs:
-            if not len(rh) or not len(h):
-                continue
-            pos = np.minimum(np.searchsorted(rh, h), len(rh) - 1)
-            hit = (rh[pos] == h) & (first == -2)
-            first[hit] = rl[pos[hit]]
-        return first
-
-    def add(self, h: np.ndarray, locations: np.ndarray) -> None:
-        """Register committed rows."""
-        if not len(h):
-            return
-        o = np.argsort(h, kind="stable")
-        self._runs.append((h[o], locations[o]))
-        while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
-            (ah, al), (bh, bl) = self._runs.pop(), self._runs.pop()
-            mh, ml = np.concatenate([bh, ah]), np.concatenate([bl, al])
-            o = np.argsort(mh, kind="stable")
-            self._runs.append((mh[o], ml[o]))
-
-
-def _committed_ids(store: ShardStore, ids: RunIds) -> None:
-    """Register the ids of the rows a resumed run finds committed (read back from its shards)."""
-    for path in store.shard_files():
-        pf = pq.ParquetFile(arrow_source(path))
-        if "id" not in pf.schema_arrow.names:
-            return
-        for rb in pf.iter_batches(columns=["id"], batch_size=1 << 16):
-            values = rb.column(0).cast(pa.string()).to_pylist()
-            ids.add(id_hashes([v for v in values if v is not None]), np.full(len(values), UNKNOWN_LOCATION, np.int64))
 
 
 class SlicedRun:
     """One sliced run of `pipeline` into `sink` (see the module docstring)."""
 
-    def __init__(self, p: Pipeline, sink: Sink, skip: int, chars: int | None) -> None:
+    def __init__(self, p: Pipeline, sink: Sink, start: ReadPoint | None, records: int, ids: IdSet,
+                 chars: int | None) -> None:
         self.p = p
         self.chars = chars
         engine = p.job.engine
@@ -102,8 +63,9 @@ class SlicedRun:
         self.store = sink if isinstance(sink, ShardStore) else None
         self.report: RunReport = p.report
         self.flags = p.flags
-        self.skip = skip
-        self.ids = RunIds()
+        self.start = start
+        self.records = records
+        self.ids = ids
         self.pointed = False  # the plan cuts the inputs at read points (recorded as each shard's end)
         self.errors_before = p.manifest.errors if p.manifest is not None else 0
         source = p.job.source
@@ -116,23 +78,15 @@ class SlicedRun:
                              "write it to a file first (or drop --engine ray)")
 
     def plan(self) -> list[InputSlice]:
-        """The slices still to do (after the committed ones)."""
-        p, source, paths = self.p, self.source, self.paths
-        begin: ReadPoint | None = None
-        dropped = 0
-        if self.skip:
-            shards = p.manifest.shards if p.manifest is not None else []
-            end = shards[-1].end if shards else None
-            if end is not None:
-                begin = ReadPoint.from_dict(end)
-            else:
-                dropped = self.skip
-        self.pointed = sliceable(source, paths) and not dropped
-        if not self.pointed:
-            return [InputSlice(0, None, None, skip=dropped)]
+        """The slices still to do (from where the committed ones end)."""
+        source, paths, begin = self.source, self.paths, self.start
+        self.pointed = sliceable(source, paths)
+        if not self.pointed:  # a --shard or repair range: one slice (its source bounds what it reads)
+            return [InputSlice(0, begin, None)]
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         return plan_slices(source, paths, self.flags.shard_rows, workers=self.engine.parallelism, begin=begin,
-                           state=lambda: first_state(source, paths, batch_rows, self.chars))
+                           state=lambda: first_state(source, paths, batch_rows, self.chars),
+                           block=min(BLOCK_LINES, batch_rows))
 
     def work(self) -> SliceWork:
         """What every worker does with a slice."""
@@ -141,18 +95,18 @@ class SlicedRun:
         if previous is not None:  # the workers open it; the driver holds none of its index
             p.carry.close()
             p.carry = Carry(None, p.carry.keep_cols)
+        fingerprints = [dict(f) for f in p.fingerprints] if p.fingerprints is not None else None
         return SliceWork(self.source, self.paths, p.job.codec, self.flags, dict(p.meta),
-                         self.store.root if self.store is not None else None, previous, self.chars)
+                         self.store.root if self.store is not None else None, previous, self.chars,
+                         fingerprints=fingerprints, id_words=list(self.ids.words))
 
     def run(self) -> None:
         """Plan, hand out, commit in order."""
         report = self.report
-        report.resumed_records = report.records_done = self.skip
+        report.resumed_records = report.records_done = self.records
         slices = self.plan()
-        if self.skip and self.store is not None:
-            _committed_ids(self.store, self.ids)
         work = self.work()
-        progress = report.start_progress(self.skip, self.flags.log_every)
+        progress = report.start_progress(self.records, self.flags.log_every)
         results: Iterator[Any] = iter(())
         try:
             if slices:
@@ -198,16 +152,18 @@ class SlicedRun:
         records_end = report.records_done + result.records
         if self.store is None:
             self._write_inline(result)
-        elif result.records:  # a slice of blank lines only has nothing to commit
+        self.p.units.merge(result.units)
+        if self.store is not None and result.records:  # a slice of blank lines only has nothing to commit
             assert result.written is not None
-            end = None
-            if self.pointed:  # where the next slice starts (past the inputs after the last one)
+            end = result.end  # where the worker's reading stopped, with the readers' state there
+            if end is None and self.pointed:
                 end = (piece.end or ReadPoint(len(self.paths), 0, 0)).to_dict()
-            self.store.adopt(result.written, records_end, end)
-        self.ids.add(result.id_hashes, result.id_locations)
+            self.store.adopt(result.written, records_end, end, self.p.units.to_json())
         report.records_done = records_end
         report.computed_rows += result.computed_rows
         report.carried_rows += result.carried_rows
+        report.carried_unread += result.carried_unread
+        report.rows_read += result.rows_read
         for name in ("read", "write"):
             report.seconds[name] += result.seconds.get(name, 0.0)
         self._bad_rows(result)
@@ -229,29 +185,24 @@ class SlicedRun:
         if result.table is not None:
             reader = pa.ipc.open_stream(result.table)
             for rb in reader:
-                self.sink.write(pa.Table.from_batches([rb]), None)
+                self.sink.write(RowsOut(pa.Table.from_batches([rb])))
         if result.error_records:
             self.sink.add_errors(result.error_records)
 
     def _repeats(self, result: SliceResult, work: SliceWork) -> SliceResult:
         """The slice without rows whose id an earlier slice committed (`--on-error fail`: the first one stops
         the run, as the local loop's row checks do)."""
-        first = self.ids.first_seen(result.id_hashes)
-        rows = np.flatnonzero(first != -2)
-        if not len(rows):
+        repeats = self.ids.add(result.id_hashes, result.id_locations)  # the rest are registered
+        if not repeats:
             return result
+        rows = np.asarray([j for j, _ in repeats], np.int64)
         ids = self._ids_of(result, rows)
         errors = []
-        for j, rid in zip(rows.tolist(), ids, strict=True):
-            path, where = describe_location(self.paths, int(result.id_locations[j]))
-            packed = int(first[j])
-            if packed == UNKNOWN_LOCATION:
-                seen = "first seen in the rows committed before this run resumed"
-            else:
-                first_file, first_where = describe_location(self.paths, packed)
-                seen = f"first seen at {display_path(first_file)} {first_where}"
-            errors.append(InputError(path, f"duplicate id {rid!r}: {seen}", location=where, record_id=rid,
-                                     fix=DUPLICATE_FIX))
+        for (j, packed), rid in zip(repeats, ids, strict=True):
+            path, where = self.ids.describe(int(result.id_locations[j]))
+            first_file, first_where = self.ids.describe(packed)
+            errors.append(InputError(path, f"duplicate id {rid!r}: first seen at {display_path(first_file)} "
+                                     f"{first_where}", location=where, record_id=rid, fix=DUPLICATE_FIX))
         if self.flags.on_error != "skip":
             raise errors[0]
         keep = np.ones(len(result.id_hashes), dtype=bool)
@@ -312,7 +263,9 @@ class SlicedRun:
                           record_id=r.get("id"), fix=r.get("fix"))
 
 
-def run_sliced(p: Pipeline, sink: Sink, skip: int, chars: int | None) -> None:
-    """Run pipeline `p` through its slice engine into `sink` (see the module docstring); `chars`: the text cap
-    of a batch, as the local loop cuts them."""
-    SlicedRun(p, sink, skip, chars).run()
+def run_sliced(p: Pipeline, sink: Sink, start: ReadPoint | None, records: int, ids: IdSet,
+               chars: int | None) -> None:
+    """Run pipeline `p` through its slice engine into `sink` from `start` (`records` input records committed
+    before it, their ids in `ids`; see the module docstring); `chars`: the text cap of a batch, as the local
+    loop cuts them."""
+    SlicedRun(p, sink, start, records, ids, chars).run()

@@ -5,7 +5,8 @@ inputs at the slice's start and reads up to its stop, so no record is read twice
 The planner cuts where a reader can start without reading what comes before:
 
 - **Parquet**: at row group starts (from the footer);
-- **JSON Lines and plain text** (uncompressed local files): every 1,024 lines (or `--shard-rows`, when fewer),
+- **JSON Lines and plain text** (uncompressed local files): every 1,024 lines (or `--shard-rows`, when fewer,
+  rounded up to whole 16-line blocks: a reader stops only between blocks, `embedcli.io.positions`),
   at the start of the next line (the byte offsets come from one scan of the file's line breaks; nothing is
   parsed);
 - **CSV, TSV, compressed and object-store text**: at the file's start only (a record's start inside them is not
@@ -17,11 +18,9 @@ inputs, `--shard-rows` and the number of workers only; a resumed run plans from 
 shard ends.
 
 A slice that starts past the inputs' first batch starts with the readers' state after that batch (the run's
-types, which the first batch of JSON rows fixes), and inside a JSON Lines file with that file's id field
-(decided from its first record): what a whole run's reader has when it gets there.
-
-This planner reads the inputs directly; once the manifest records per-file offsets of its own, a slice is
-just a pair of those points (the interface stays `InputSlice`).
+types, which the first batch of JSON rows fixes); a resumed run's first slice starts at the manifest's read
+point, with the state recorded there. Inside a JSON Lines file the reader decides the file's id field from its
+first record itself (`embedcli.io.jsonl_reader`): what a whole run's reader has when it gets there.
 """
 
 from __future__ import annotations
@@ -35,17 +34,17 @@ from typing import Any
 import numpy as np
 
 from embedcli.errors import STDIN
-from embedcli.io.jsonl_reader import decide_id_key
 from embedcli.io.location import is_url
 from embedcli.io.parquet_source import open_parquet
-from embedcli.io.positions import ReadPoint
+from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.reader_base import compression_of
 from embedcli.io.readers import count_records, detect_format
 from embedcli.run.source import BatchSource
 
 SCAN_BYTES = 1 << 22
 CUT_LINES = 1024
-"""A text file may be cut every this many lines (fewer with a smaller `--shard-rows`); slices group the pieces."""
+"""A text file may be cut every this many lines (fewer with a smaller `--shard-rows`); slices group the pieces.
+A multiple of the readers' 16-line blocks (`embedcli.io.positions`), so a slice's blocks are a whole run's."""
 SLICES_PER_WORKER = 4
 """A small run is cut finer than `--shard-rows`, into this many slices a worker, so every worker has some."""
 MIN_SLICE_ROWS = 1024
@@ -147,6 +146,12 @@ def _pieces(path: str, fmt: str, rows: int) -> list[tuple[int, int, int | None]]
     return [(0, 0, count_records(path, fmt))]
 
 
+def cut_lines(rows: int, block: int = BLOCK_LINES) -> int:
+    """Lines between a text file's cuts: `CUT_LINES`, or `rows` when fewer, rounded up to whole blocks of
+    `block` lines (the readers stop a slice only between blocks, `embedcli.io.line_blocks`)."""
+    return -(-min(rows, CUT_LINES) // block) * block
+
+
 def slice_rows(rows: int, total: int, workers: int) -> int:
     """Records of a slice: `rows` (`--shard-rows`), or fewer where that leaves `workers` too few slices."""
     share = -(-total // max(1, SLICES_PER_WORKER * workers))
@@ -161,14 +166,16 @@ def plan_slices(
     workers: int = 1,
     begin: ReadPoint | None = None,
     state: Callable[[], dict[str, Any]] | None = None,
+    block: int = BLOCK_LINES,
 ) -> list[InputSlice]:
-    """The slices of `paths` from `begin` (None: their start) to their end, of at most `rows` records each (fewer
+    """The slices of `paths` from `begin` (None: their start) to their end, of about `rows` records each (fewer
     when the inputs would give `workers` too few, `slice_rows`); `state()`: the readers' state after the inputs'
-    first batch, which a slice starting elsewhere takes."""
+    first batch, which a slice starting elsewhere takes; `block`: the readers' block lines (text is cut between
+    blocks)."""
     points: list[tuple[ReadPoint, int | None]] = []
     fmts = [detect_format(p, source.inputs.fmt) for p in paths]
     for f, path in enumerate(paths):
-        for pos, line, count in _pieces(path, fmts[f], min(rows, CUT_LINES)):
+        for pos, line, count in _pieces(path, fmts[f], cut_lines(rows, block)):
             points.append((ReadPoint(f, pos, line), count))
     # Sized by the whole inputs, a resumed run included: it cuts the rest as the first run did.
     rows = slice_rows(rows, sum(n or 0 for _, n in points), workers)
@@ -177,7 +184,9 @@ def plan_slices(
             return []
         points = [(p, n) for p, n in points if p.order() >= begin.order()]
         if not points or points[0][0].order() != begin.order():  # not one of this plan's cuts (another --shard-rows)
-            points.insert(0, (ReadPoint(begin.file, begin.pos, begin.line), None))
+            points.insert(0, (begin, None))
+        else:
+            points[0] = (begin, points[0][1])  # with the readers' state recorded there
     starts: list[tuple[ReadPoint, int | None]] = []
     held = 0
     for point, count in points:
@@ -190,28 +199,15 @@ def plan_slices(
     if not starts:
         return []
     readers_state: dict[str, Any] | None = None
-    id_keys: dict[int, str | None] = {}
     slices = []
     for i, (point, count) in enumerate(starts):
         start: ReadPoint | None = point
-        if point.order() == (0, 0, 0):
+        if point.order() == (0, 0, 0) and not point.state:
             start = None  # the inputs' start: a fresh reader, as a whole run has
-        else:
+        elif not point.state:
             if readers_state is None:
                 readers_state = state() if state is not None else {}
-            extra: dict[str, Any] = {"spec": readers_state}
-            if point.pos and fmts[point.file] == "jsonl":
-                if point.file not in id_keys:
-                    id_keys[point.file] = decide_id_key(paths[point.file], _spec_of(source, paths))
-                extra["file"] = {"id_key": id_keys[point.file]}
-            start = ReadPoint(point.file, point.pos, point.line, state=extra)
+            start = ReadPoint(point.file, point.pos, point.line, state={"spec": readers_state})
         stop = starts[i + 1][0] if i + 1 < len(starts) else None
         slices.append(InputSlice(i, start, stop, records=count))
     return slices
-
-
-def _spec_of(source: BatchSource, paths: Sequence[str]) -> Any:
-    """The readers' settings of `source` (its text, id and kept columns), for deciding a JSONL file's id field."""
-    reader: Any = source.open(paths)
-    reader.close()
-    return reader.spec

@@ -58,6 +58,8 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
     if len(idx) == len(batch):
         return batch
     il = idx.tolist()
+    numbers = getattr(batch, "numbers", None)
+    sources = getattr(batch, "sources", None)
     return InputBatch(
         source=batch.source,
         locations=[batch.locations[i] for i in il],
@@ -67,6 +69,28 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
         extra_texts={c: [v[i] for i in il] for c, v in batch.extra_texts.items()},
         column_types=batch.column_types,  # the reader's types, or kept columns are re-guessed from the rows left
         id_type=id_type_of(batch),
+        numbers=[numbers[i] for i in il] if numbers else None,
+        sources=[sources[i] for i in il] if sources else None,
+    )
+
+
+def concat_batches(batches: Sequence[Any]) -> Any:
+    """Input batches one after the other, as one batch (rows of several files name each their own)."""
+    first = batches[0]
+    same = all(b.source == first.source and getattr(b, "sources", None) is None for b in batches)
+    sources = None if same else [b.source_of(i) for b in batches for i in range(len(b))]
+    numbers = [n for b in batches for n in (b.numbers or [0] * len(b))]
+    return InputBatch(
+        source=first.source,
+        locations=[x for b in batches for x in b.locations],
+        ids=[x for b in batches for x in b.ids],
+        texts=[x for b in batches for x in b.texts],
+        columns={c: [x for b in batches for x in b.columns[c]] for c in first.columns},
+        extra_texts={c: [x for b in batches for x in b.extra_texts[c]] for c in first.extra_texts},
+        column_types={k: v for b in batches for k, v in b.column_types.items()},
+        id_type=id_type_of(first),
+        numbers=numbers,
+        sources=sources,
     )
 
 
@@ -145,9 +169,9 @@ class BatchSource:
         on_bad_row: Callable[[InputError], None] | None = None,
         batch_chars: int | None = None,
         **run: Any,
-    ) -> Iterator[Any]:
-        """The raw reader over `paths` (default: all inputs), no row checks; `run`: `read_inputs`' keywords of
-        a run (start, stop)."""
+    ) -> Any:
+        """The raw reader over `paths` (default: all inputs), no row checks; `run`: `read_inputs`' keywords
+        of a run (start, stop, cuts, fingerprints, carry_blocks, carry_units)."""
         return read_inputs(
             list(paths) if paths is not None else self.inputs.paths,
             text_col=self.inputs.text_col,
@@ -248,7 +272,7 @@ def check_head(source: BatchSource, flags: RunFlags | None = None) -> None:
                 close = getattr(reader, "close", None)
                 if close is not None:
                     close()
-        if strict and bad and (first is None or _before(bad[0], first)):
+        if strict and bad and (first is None or not len(first) or _before(bad[0], first)):
             raise bad[0]
 
 

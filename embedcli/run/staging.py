@@ -13,7 +13,11 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+
 from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.io.arrow_values import read_parquet, to_numpy
 from embedcli.io.fingerprint import describe_input_change
 from embedcli.io.manifest import (
     KEY_COMPLETE,
@@ -34,6 +38,7 @@ from embedcli.io.manifest import (
     output_metadata,
     staging_dir,
 )
+from embedcli.io.positions import ReadPoint
 from embedcli.io.shards import (
     ShardStore,
     assemble_file,
@@ -42,6 +47,8 @@ from embedcli.io.shards import (
     recover_dir,
     remove_tmp_files,
 )
+from embedcli.io.units import InputUnits
+from embedcli.run.ids import IdSet
 from embedcli.run.incremental import describe_config_change
 from embedcli.run.paths import check_foreign_file
 
@@ -158,6 +165,10 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
                 p.note(f"the inputs changed since the interrupted run ({why}): starting over")
             clear_dir(root)
             manifest = None
+        elif manifest.records_done and not (manifest.version >= 2 and manifest.shards and manifest.shards[-1].end):
+            p.note("the interrupted run was staged by an older embedcli (no read points): starting over")
+            clear_dir(root)
+            manifest = None
     elif os.listdir(root):
         clear_dir(root)
     if manifest is not None:
@@ -176,6 +187,43 @@ def _resume_or_start(p: Pipeline, root: str) -> tuple[Manifest, bool]:
     except OSError as e:  # e.g. a disk already full: name the output, not a bare "[Errno 28]"
         raise output_error(root, e, resumable=False) from None  # the staging dir: it names the output too
     return manifest, True
+
+
+def _same_previous(p: Pipeline, root: str, manifest: Manifest) -> Manifest:
+    """The manifest to go on with, given the output this run carries rows over from: staged work made with
+    another previous output (or none) is started over; a fresh manifest records this one."""
+    previous = p.carry.previous
+    now = {"path": previous.path, "output_key": previous.output_key or ""} if previous is not None else None
+    if manifest.records_done and manifest.previous != now:
+        p.note("the interrupted run carried rows over from another previous output: starting over")
+        clear_dir(root)
+        manifest = Manifest(
+            config_key=manifest.config_key, job_key=manifest.job_key, config=manifest.config,
+            input_options=manifest.input_options, inputs=manifest.inputs, output_format=manifest.output_format,
+            mode=manifest.mode,
+        )
+    if manifest.previous != now:
+        manifest.previous = now
+        try:
+            manifest.save(root)
+        except OSError as e:
+            raise output_error(root, e, resumable=False) from None
+    return manifest
+
+
+def _committed_ids(root: str, manifest: Manifest, ids: IdSet) -> None:
+    """Register the ids of the committed rows (their hashes and locations, from the shards' row index: the
+    committed records are not read again)."""
+    if not manifest.indexed:
+        return
+    for s in manifest.shards:
+        if not s.index:
+            continue
+        try:
+            t = read_parquet(os.path.join(root, s.index), columns=["idh", "loc"])
+        except (pa.ArrowException, OSError, KeyError):
+            continue
+        ids.add(np.asarray(to_numpy(t.column("idh")), np.int64), np.asarray(to_numpy(t.column("loc")), np.int64))
 
 
 def _final_meta(p: Pipeline) -> dict[str, str]:
@@ -200,7 +248,7 @@ def _finish(p: Pipeline, root: str, lock: Any) -> int:
     meta = _final_meta(p)
     if p.output.mode == "file":
         empty_schema = p.empty_output().schema
-        assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema)
+        assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema, p.store.previous)
         lock.release()
         shutil.rmtree(root, ignore_errors=True)
     else:
@@ -228,14 +276,23 @@ def run_staged(p: Pipeline) -> int:
             return _already_complete(p, existing, root, lock)
         manifest, created_manifest = _resume_or_start(p, root)
         p.manifest = manifest
-        store = p.store = ShardStore(root, manifest, p.meta, target.path)
+        p.open_previous(target.path if existing is not None else None, existing)
+        manifest = p.manifest = _same_previous(p, root, manifest)
+        store = p.store = ShardStore(root, manifest, p.meta, target.path, p.carry.previous)
         store.clean_stale()
         if target.mode == "file":
             remove_tmp_files(os.path.dirname(os.path.abspath(target.path)), os.path.basename(target.path))
-        p.open_previous(target.path if existing is not None else None, existing)
+        start = None
+        ids = p.id_set()
         if manifest.records_done:
             p.note(f"resuming: {manifest.records_done:,} input rows already committed in {len(manifest.shards)} shards")
-        p.guarded_loop(store, manifest.records_done, lambda: [*store.committed_errors(), *store.pending_errors])
+            end = manifest.shards[-1].end
+            start = ReadPoint.from_dict(end) if end else None
+            _committed_ids(root, manifest, ids)
+            p.units = InputUnits.from_json(manifest.units)
+        p.read_point = start
+        p.guarded_loop(store, start, manifest.records_done,
+                       lambda: [*store.committed_errors(), *store.pending_errors], ids)
         return _finish(p, root, lock)
     except BaseException:
         lock.release()

@@ -23,10 +23,9 @@ from embedcli.io.manifest import (
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.models.spec import ModelSpec
 from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
-from embedcli.run.execute import run_job
+from embedcli.run.execute import run_job, sliced
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Job, Target
-from embedcli.run.sharding import shard_source
 from embedcli.run.source import BatchSource, InputOptions, check_head, empty_batch, id_column, with_kept
 from embedcli.run.target import check_target
 from embedcli.run.whole import WholeJob, WholeOutput
@@ -171,6 +170,7 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
         finally:
             shutil.rmtree(spool_dir, ignore_errors=True)
     spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
+    job = sliced(job)  # the slice is cut once, for the spool and the output's keys alike
     out = _quantized_output(job)
     done = out.settle()  # the output checks of every command that publishes a whole output
     if done is not None:
@@ -184,12 +184,10 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
 def _quantized_output(job: Job) -> WholeOutput:
     """The quantized output as one whole output of the job's config and inputs (keyed as the float32 spool is)."""
     source = job.source
-    assert isinstance(source, BatchSource)  # embed reads a BatchSource
-    meta = dict(job.provenance)
-    if job.flags.shard is not None:
-        meta.update(shard_source(source, job.flags.shard)[1])  # the keys `run_job` gives the spool
+    assert isinstance(source, BatchSource)  # embed reads a BatchSource (sliced: its shard keys are in provenance)
     whole = WholeJob(job.target, source.paths(), job.flags, job.reporting, command="embed")
-    return WholeOutput(whole, meta, source.options(), key_format="parquet")
+    options = BatchSource(source.inputs, source.extra_text_cols).options()  # the options of the unsliced inputs
+    return WholeOutput(whole, dict(job.provenance), options, key_format="parquet")
 
 
 def _remove_spool(spool: str) -> None:

@@ -59,9 +59,9 @@ def test_ray_output_equals_local_output(cli, st_model: Path, tmp_path: Path, dri
     assert r_meta == l_meta  # provenance, config hash, inputs, row counts: all the same
     stats = json.loads((tmp_path / "s.json").read_text())
     assert stats["computed_rows"] == 220 and stats["tokens"] > 0 and stats["exit_code"] == 0
-    # slices of about 40 records: JSON Lines lines 1-40, 41-80, 81-120, then its last 13 lines with the first
-    # Parquet row group (30 rows), then the other two row groups
-    assert stats["shards"] == 5
+    # slices of about 40 records, text cut in whole 16-line blocks: JSON Lines lines 1-48, 49-96, then its last
+    # 37 lines with the first Parquet row group (30 rows), then the other two row groups
+    assert stats["shards"] == 4
     cli("inspect", remote, "--check")
 
 
@@ -75,7 +75,8 @@ def test_deleted_shard_is_recomputed_alone(cli, st_model: Path, corpus: Path, tm
     (out / "part-000001.parquet").unlink()
     cli("inspect", out, "--check", code=1)
     r = cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, *ray_flags(driver))
-    assert "repaired part-000001.parquet: recomputed input records 100-200 (100 rows)" in r.stderr
+    lo, hi = json.loads((out / "_embedcli" / "manifest.json").read_text())["shards"][1]["records"]
+    assert f"repaired part-000001.parquet: recomputed input records {lo}-{hi} ({hi - lo} rows)" in r.stderr
     assert "repaired part-000000" not in r.stderr and "repaired part-000002" not in r.stderr
     assert pq.read_table(out / "part-000001.parquet").equals(saved)
     for p in ("part-000000.parquet", "part-000002.parquet"):
@@ -142,7 +143,7 @@ def test_incremental_and_stdout(cli, st_model: Path, corpus: Path, tmp_path: Pat
 
 def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path, corpus: Path, tmp_path: Path,
                                                             driver, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The local engine's manifest has no read points: the rest is one slice that drops the committed records."""
+    """The local engine's manifest records read points as this one's: the rest is planned from the last one."""
     from embedcli.compute.runner import Runner
 
     real = Runner.map
@@ -158,10 +159,12 @@ def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path,
     cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", code=130)
     monkeypatch.setattr(Runner, "map", real)
     assert not out.exists()
-    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", "--stats", tmp_path / "s.json",
-        *ray_flags(driver))
+    manifest = json.loads((tmp_path / "o.parquet.embedcli-staging" / "_embedcli" / "manifest.json").read_text())
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", "--stats", tmp_path / "s.json", *ray_flags(driver))
     stats = json.loads((tmp_path / "s.json").read_text())
-    assert stats["resumed_rows"] == 150 and stats["computed_rows"] == ROWS - 150
+    resumed = stats["resumed_rows"]  # whole commits (of 50 rows or more: pools of whole blocks), from the manifest
+    assert resumed == manifest["records_done"] >= 50 and stats["computed_rows"] == ROWS - resumed
+    assert stats["rows_read"] == ROWS - resumed  # the committed rows are not read again
     local = tmp_path / "local.parquet"
     cli("embed", corpus, "-m", st_model, "-o", local, "-q")
     assert vectors(out)[0] == vectors(local)[0]

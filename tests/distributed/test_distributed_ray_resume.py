@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 from distributed_helpers import vectors, write_corpus
 
+from embedcli.run.slices import cut_lines
+
 pytest.importorskip("ray")
 
 ROWS = 3000
-SHARD_ROWS = 50  # 60 slices: the run is still going when the test strikes
+SHARD_ROWS = 50  # 47 slices (of 64 lines: whole blocks): the run is still going when the test strikes
 CHANGED = (7, 1234, 2999)
 
 
@@ -102,7 +104,8 @@ def test_a_killed_worker_or_driver_costs_only_its_slices(cli, st_model: Path, tm
     assert proc.returncode == 0, err
     stats = json.loads((tmp_path / "d2.json").read_text())
     resumed = stats["resumed_rows"]
-    assert resumed >= 3 * SHARD_ROWS and resumed % SHARD_ROWS == 0 and stats["computed_rows"] == ROWS - resumed
+    step = cut_lines(SHARD_ROWS)  # slices of --shard-rows lines, in whole blocks
+    assert resumed >= 3 * step and resumed % step == 0 and stats["computed_rows"] == ROWS - resumed
     _same_as_local(out, local)
     assert not Path(f"{out}.embedcli-staging").exists()
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedcli.io.arrow_values import arrow_array, read_parquet, to_numpy, value_type
+from embedcli.io.arrow_values import arrow_array, byte_lengths, read_parquet, scattered, to_numpy, value_type
 
 TYPES = [None, pa.string(), pa.large_string(), pa.int64(), pa.int32(), pa.float64(), pa.float32(), pa.bool_(),
          pa.binary()]
@@ -127,7 +127,7 @@ def test_none_of_it_imports_pandas(tmp_path: Any) -> None:
     code = f"""
 import sys
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-from embedcli.io.arrow_values import arrow_array, read_parquet, to_numpy, value_type
+from embedcli.io.arrow_values import arrow_array, byte_lengths, read_parquet, scattered, to_numpy, value_type
 arrow_array(["a", None]); arrow_array([1, None], pa.int64()); arrow_array([1.5]); arrow_array([True, None])
 arrow_array([], pa.string()); arrow_array(np.zeros(3, np.float32)); value_type("x")
 to_numpy(pa.chunked_array([arrow_array(np.arange(3))]))
@@ -137,3 +137,36 @@ print("pandas" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("array", [
+    pa.array(["ab", None, "ééé", ""]),
+    pa.array(["x", "yy", None, "zzzz"], pa.large_string()).slice(1),
+    pa.array([b"a", None, b"\x00\x01"], pa.binary()),
+    pa.array(["only"]),
+    pa.array([], pa.string()),
+])
+def test_byte_lengths_are_binary_length_with_nulls_as_zero(array: pa.Array) -> None:
+    want = [0 if v is None else len(v.encode() if isinstance(v, str) else v) for v in array.to_pylist()]
+    assert byte_lengths(array).tolist() == want
+
+
+@pytest.mark.parametrize(("values", "type"), [
+    ([b"k" * 16, b"j" * 16], pa.binary(16)),
+    ([3, 70000], pa.int32()),
+    ([], pa.int32()),
+])
+def test_scattered_puts_values_among_nulls(values: list, type: pa.DataType) -> None:
+    at = np.asarray([1, 4][: len(values)], np.int64)
+    got = scattered(6, at, values, type)
+    want = [None] * 6
+    for i, v in zip(at, values, strict=True):
+        want[int(i)] = v
+    assert got.equals(pa.array(want, type))
+
+
+def test_numpy_booleans_and_fixed_binary_lists_equal_pa_array() -> None:
+    mask = np.asarray([True, False, True, True, False, False, False, True, True])
+    assert arrow_array(mask).equals(pa.array(mask))
+    keys = [b"a" * 16, None, b"b" * 16]
+    assert arrow_array(keys, pa.binary(16)).equals(pa.array(keys, pa.binary(16)))

@@ -53,7 +53,8 @@ def test_one_row_group_is_read_a_slice_at_a_time(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(parquet_reader, "arrow_source", lambda path: _CountingFile(path, "rb"))
     batches = list(read_inputs([str(p)], keep_cols=["n"], batch_rows=1000))
     assert _CountingFile.largest <= parquet_reader.READ_BUFFER_BYTES  # never a whole column chunk at once
-    assert [len(b) for b in batches] == [1000] * 20
+    # batches are whole 16-row blocks: each ends at the first block boundary past 1000 rows
+    assert [len(b) for b in batches] == [1008] * 19 + [rows - 19 * 1008]
     whole = pq.read_table(p)
     assert [i for b in batches for i in b.ids] == whole.column("id").to_pylist()
     assert [t for b in batches for t in b.texts] == whole.column("text").to_pylist()

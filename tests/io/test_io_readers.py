@@ -128,7 +128,9 @@ def test_parquet_several_row_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
     batches = list(read_inputs([str(p)], keep_cols=["lang"], batch_rows=4))
-    assert [len(b) for b in batches] == [4, 4, 2]
+    # blocks of 4 rows from each row group's start (groups of 3: a block per group); a batch ends at the
+    # first block boundary past 4 rows
+    assert [len(b) for b in batches] == [6, 4]
     rows = collect(batches)
     assert [r["loc"] for r in rows] == [f"row {i}" for i in range(10)]
     assert [r["id"] for r in rows] == [str(i) for i in range(100, 110)]
@@ -250,7 +252,7 @@ def test_jsonl_is_streamed_not_loaded(tmp_path: Path) -> None:
         f.write("{broken\n")  # a reader that parsed the whole file first would fail before yielding
     it = read_inputs([str(p)], batch_rows=1000)
     first = next(it)
-    assert first.ids[0] == "0" and len(first) == 1000
+    assert first.ids[0] == "0" and len(first) == 1008  # whole 16-line blocks
     with pytest.raises(InputError, match="line 200001"):
         for _ in it:
             pass
@@ -492,11 +494,12 @@ def test_batch_chars_cuts_the_same_records_in_every_format(tmp_path: Path, fmt: 
         path.write_text("".join(f"{t}\n" for t in texts))
     else:
         path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    sizes = [len(b) for b in read_inputs([str(path)], batch_rows=64, batch_chars=1000)]
-    expected, used, n = [], 0, 0  # a batch ends at the row that brings it to 1,000 characters, or at 64 rows
-    for t in texts:
-        used, n = used + len(t), n + 1
-        if used >= 1000 or n == 64:
-            expected.append(n)
-            used, n = 0, 0
-    assert sizes == [*expected, *([n] if n else [])]
+    batches = list(read_inputs([str(path)], batch_rows=64, batch_chars=1000))
+    # A batch ends at the first block boundary where it holds 1,000 characters of text or 64 rows (blocks:
+    # 16 records, from each row group's start in Parquet, cut sooner after 1,000 / 8 bytes of text).
+    for b in batches[:-1]:
+        chars = [len(t) for t in b.texts]
+        assert sum(chars) >= 1000 or len(b) >= 64
+        before = b.blocks[-1].first  # without its last block it would not have been full
+        assert sum(chars[:before]) < 1000 and before < 64
+    assert [t for b in batches for t in b.texts] == texts

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from embedcli.io.manifest import Manifest, write_atomic
-from embedcli.io.shards import ShardStore
+from embedcli.io.shards import RowsOut, ShardStore
 from embedcli.io.writers import embedding_array, open_writer
 
 
@@ -67,7 +67,7 @@ def _commit_shard(out: Path) -> None:
     root = out.parent
     manifest = Manifest(config_key="c", job_key="j", config={}, input_options={}, inputs=None, output_format="parquet")
     store = ShardStore(str(root), manifest, {"k": "v"}, str(out))
-    store.write(_table(), None)
+    store.write(RowsOut(_table()))
     store.commit(3)
 
 
@@ -113,11 +113,11 @@ def test_a_resumed_shard_store_writes_the_schema_a_fresh_one_writes(tmp_path: Pa
         manifest = Manifest(config_key="c", job_key="j", config={}, input_options={}, inputs=None,
                             output_format="parquet")
         store = ShardStore(str(root), manifest, {"k": "v"}, str(root / "out"))
-        store.write(_table(), None)
+        store.write(RowsOut(_table()))
         store.commit(3)
         if resume:  # a new process picks the staged work up
             store = ShardStore(str(root), manifest, {"k": "v"}, str(root / "out"))
-        store.write(_table(), None)
+        store.write(RowsOut(_table()))
         store.commit(6)
         return pq.read_metadata(root / manifest.shards[1].file).metadata[b"ARROW:schema"]
 

@@ -9,20 +9,26 @@ import pyarrow as pa
 
 from embedcli.io.manifest import Manifest, ShardEntry
 from embedcli.io.shards import keys_array, keys_numpy, row_keys
-from embedcli.run.ids import IdSet
+from embedcli.run.ids import IdSet, id_hashes, pack_locations
 from embedcli.run.progress import Progress
 
 
 def test_idset_finds_repeats_within_and_across_batches_with_the_first_location() -> None:
-    ids = IdSet()
-    assert ids.add("a.jsonl", ["x", "y", "x"], ["line 1", "line 2", "line 3"]) == [(2, ids._loc("a.jsonl", "line 1"))]
-    repeats = ids.add("b.jsonl", ["z", "y", "w", "w"], ["line 1", "line 2", "line 3", "line 4"])
+    ids = IdSet(["a.jsonl", "b.jsonl", "c.parquet", "d.jsonl", "e.jsonl"], ["line", "line", "row", "line", "line"])
+
+    def add(f: int, values: list[str], numbers: list[int]) -> list[tuple[int, int]]:
+        return ids.add(id_hashes(values), pack_locations(np.full(len(values), f), np.asarray(numbers)))
+
+    assert add(0, ["x", "y", "x"], [1, 2, 3]) == [(2, int(pack_locations(np.array([0]), np.array([1]))[0]))]
+    repeats = add(1, ["z", "y", "w", "w"], [1, 2, 3, 4])
     assert [i for i, _ in repeats] == [1, 3]
     assert [ids.describe(p) for _, p in repeats] == [("a.jsonl", "line 2"), ("b.jsonl", "line 3")]
     for k in range(50):  # many runs merge and stay searchable
-        assert ids.add("c.parquet", [f"k{k}-{j}" for j in range(10)], [f"row {j}" for j in range(10)]) == []
-    assert [i for i, _ in ids.add("d.jsonl", ["k3-4", "fresh"], ["line 1", "line 2"])] == [0]
-    assert ids.describe(ids.add("e.jsonl", ["k3-4"], ["line 9"])[0][1]) == ("c.parquet", "row 4")
+        assert add(2, [f"k{k}-{j}" for j in range(10)], list(range(10))) == []
+    assert [i for i, _ in add(3, ["k3-4", "fresh"], [1, 2])] == [0]
+    assert ids.describe(add(4, ["k3-4"], [9])[0][1]) == ("c.parquet", "row 4")
+    assert ids.any_seen(id_hashes(["fresh"])) and not ids.any_seen(id_hashes(["never"]))
+    assert id_hashes(["x"])[0] == id_hashes(["x"])[0] != id_hashes(["y"])[0]  # stable: kept in the row index
 
 
 def test_row_keys_depend_on_id_and_every_text() -> None:

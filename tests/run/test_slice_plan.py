@@ -35,7 +35,7 @@ def _corpus(path: Path, n: int) -> Path:
 @pytest.mark.parametrize(("n", "rows", "workers", "starts"), [
     (5_000, 100_000, 2, [0, 1024, 2048, 3072, 4096]),
     (20_000, 100_000, 2, [0, 3072, 6144, 9216, 12288, 15360, 18432]),  # 2,500 rounded up to whole 1,024-line cuts
-    (300, 100, 2, [0, 100, 200]),
+    (300, 100, 2, [0, 112, 224]),  # --shard-rows rounded up to whole 16-line blocks
 ])
 def test_slices_start_at_lines(tmp_path: Path, n: int, rows: int, workers: int, starts: list[int]) -> None:
     path = str(_corpus(tmp_path / "c.jsonl", n))
@@ -60,4 +60,4 @@ def test_a_resume_point_between_cuts_starts_the_rest(tmp_path: Path) -> None:
     pos = len(b"".join(data.splitlines(keepends=True)[:130]))
     rest = plan_slices(source, [path], 100, begin=ReadPoint(0, pos, 130), state=dict)
     assert rest[0].start is not None and (rest[0].start.pos, rest[0].start.line) == (pos, 130)
-    assert [s.start.line for s in rest if s.start is not None] == [130, 200]
+    assert [s.start.line for s in rest if s.start is not None] == [130, 224]

@@ -1,0 +1,213 @@
+"""Blocks and batches of a line-based input (JSON Lines, plain text): where blocks and batches end, which
+blocks are carried over unread, and where reading stands after each batch (see `embedcli.io.positions`)."""
+
+from __future__ import annotations
+
+import lzma
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embedcli.io.errors import STDIN, InputError
+from embedcli.io.positions import BLOCK_LINES, WHOLE, Carried, FilePart, ReadPoint, identity
+from embedcli.io.reader_base import (
+    BOM,
+    BatchBuilder,
+    InputBatch,
+    Lines,
+    ReadSpec,
+    one_line,
+    open_binary,
+    seek_binary,
+)
+
+
+def block_start(line: int, size: int = BLOCK_LINES) -> bool:
+    """Whether a block of `size` lines starts at 1-based `line` whatever the text before it (lines 1 + 16k)."""
+    return (line - 1) % size == 0
+
+
+@dataclass
+class LineFormat:
+    """What the driver needs of a format: parse a line into a builder, the context a block's identity depends
+    on (None: no identity), the per-file reader state a `ReadPoint` keeps, and a fresh builder."""
+
+    parse: Callable[[BatchBuilder, int, bytes], None]
+    context: Callable[[], str | None]
+    state: Callable[[], dict[str, Any]]
+    builder: Callable[[], BatchBuilder]
+
+
+def read_line_blocks(
+    path: str,
+    spec: ReadSpec,
+    fmt: LineFormat,
+    part: FilePart = WHOLE,
+    *,
+    idle: bool = False,
+) -> Iterator[InputBatch]:
+    """The batches of one line-based file, from `start` to `stop` (same file) or its end.
+
+    A block ends before line 1 + 16k, or after the line that brings its text to `BLOCK_BYTES`; a batch ends at
+    the first block boundary where the builder is full, at a cut (the first line 1 + 16k at or after each
+    byte offset in `cuts`), at `stop`, or at the end of the file. A file is read a megabyte at a time and cut
+    into blocks by its line breaks (a block carried over is hashed, never split into lines); stdin, line by
+    line, as lines arrive."""
+    if idle and path == STDIN:
+        yield from _stream(path, spec, fmt, part.file)
+        return
+    yield from _LineBlocks(path, spec, fmt, part).batches()
+
+
+def _stream(path: str, spec: ReadSpec, fmt: LineFormat, file: int) -> Iterator[InputBatch]:
+    """stdin (read once: nothing resumes or carries over), line by line; a pause of its writer hands on what
+    arrived, to be computed now."""
+    builder = fmt.builder()
+    with open_binary(path) as f:
+        for lineno, raw in Lines(f, path, idle=True):
+            if raw is None:
+                if builder.has_blocks():
+                    yield builder.take(grid_end=True)
+                continue
+            builder.begin(lineno)
+            fmt.parse(builder, lineno, raw)
+            builder.end_block()
+            if builder.full():
+                yield builder.take()
+    if builder.has_blocks():
+        yield builder.take()
+
+
+CHUNK_BYTES = 1 << 20
+
+
+class _LineBlocks:
+    """One text file's blocks and batches (see `read_line_blocks`)."""
+
+    def __init__(self, path: str, spec: ReadSpec, fmt: LineFormat, part: FilePart) -> None:
+        self.path, self.spec, self.fmt, self.file = path, spec, fmt, part.file
+        start, stop, cuts = part.start, part.stop, part.cuts
+        self.offset0 = start.pos if start is not None else 0
+        self.line0 = start.line if start is not None else 0
+        self.stop = stop
+        self.size = spec.block_lines
+        self._cuts = iter([c for c in cuts if c > self.offset0])
+        self.next_cut = next(self._cuts, None)
+        self.builder = fmt.builder()
+
+    def stops(self, before: int, line: int) -> bool:
+        """Whether reading stops before line `line` (at byte `before`): an exact point (a commit's), or a cut
+        (`line` -1: the first line 1 + 16k at or after that byte)."""
+        stop = self.stop
+        return stop is not None and before >= stop.pos and (stop.line >= 0 or block_start(line, self.size))
+
+    def point(self, offset: int, line: int) -> Callable[[], ReadPoint]:
+        spec, fmt, file = self.spec, self.fmt, self.file
+        return lambda: ReadPoint(file, offset, line, state={"spec": spec.state(), "file": fmt.state()})
+
+    def flush(self, first_line: int, data: bytes, ends: list[int]) -> None:
+        """Read a block's lines (`data`, lines ending at `ends`), or carry them over unread."""
+        spec, fmt, builder = self.spec, self.fmt, self.builder
+        ident = None
+        context = fmt.context() if spec.identities else None
+        if context is not None:
+            ident = identity(f"{context}\x00{first_line}", data)
+            found = spec.carry_blocks.get(ident) if spec.carry_blocks else None
+            if found is not None:
+                builder.carry(first_line, ident, Carried(found[0], found[1],
+                                                         reread=lambda: self.reread(first_line, data, ends)))
+                return
+        builder.begin(first_line, ident)
+        self._parse(builder, first_line, data, ends)
+        builder.end_block()
+
+    def _parse(self, b: BatchBuilder, first_line: int, data: bytes, ends: list[int]) -> None:
+        at = 0
+        for k, end in enumerate(ends):
+            self.fmt.parse(b, first_line + k, data[at:end])
+            at = end
+
+    def reread(self, first_line: int, data: bytes, ends: list[int]) -> Iterator[InputBatch]:
+        """A carried block read after all (the run met one of its ids earlier)."""
+        b = self.fmt.builder()
+        b.begin(first_line)
+        self._parse(b, first_line, data, ends)
+        yield b.take()
+
+    def boundary(self, before: int, line: int) -> Iterator[InputBatch | None]:
+        """Before a block at byte `before`, line `line`: the batch that ends here, if any; None: stop here."""
+        builder = self.builder
+        cut = False
+        if block_start(line, self.size) and self.next_cut is not None and before >= self.next_cut:
+            cut = True
+            while self.next_cut is not None and self.next_cut <= before:
+                self.next_cut = next(self._cuts, None)
+        if self.stops(before, line):
+            if builder.has_blocks():
+                yield builder.take(self.point(before, line - 1), grid_end=True)
+            yield None
+            return
+        if cut or builder.full():
+            yield builder.take(self.point(before, line - 1), grid_end=cut)
+
+    def batches(self) -> Iterator[InputBatch]:
+        if self.stops(self.offset0, self.line0 + 1):
+            return
+        size, cap = self.size, self.spec.block_bytes
+        with open_binary(self.path) as f:
+            seek_binary(f, self.path, self.offset0)
+            pos, line = self.offset0, self.line0  # of data[0]: byte offset, lines before it
+            data = b""
+            eof = False
+            first = True
+            while not eof:
+                chunk = self._read(f, line)
+                eof = not chunk
+                data += chunk
+                ends = (np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1).tolist()
+                if eof and data and (not ends or ends[-1] < len(data)):
+                    ends.append(len(data))  # a last line with no line break
+                n = len(ends)
+                i = 0
+                while i < n:
+                    first_line = line + i + 1
+                    j = i + size - (first_line - 1) % size
+                    if j > n and not eof:
+                        break  # the block goes on in the next chunk
+                    j = min(j, n)
+                    s = ends[i - 1] if i else 0
+                    if ends[j - 1] - s >= cap:  # the line that brings it to `cap` bytes ends it
+                        k = i
+                        while ends[k] - s < cap:
+                            k += 1
+                        j = k + 1
+                    if not first:
+                        for batch in self.boundary(pos + s, first_line):
+                            if batch is None:
+                                return
+                            yield batch
+                    first = False
+                    e = ends[j - 1]
+                    if pos + s == 0 and data.startswith(BOM):
+                        s += len(BOM)
+                    self.flush(first_line, data[s:e], [x - s for x in ends[i:j]])
+                    i = j
+                used = ends[i - 1] if i else 0
+                data = data[used:]
+                pos += used
+                line += i
+        builder = self.builder
+        if builder.has_blocks():
+            spec, file = self.spec, self.file
+            at_end = self.next_cut is not None  # a cut at (or past) this file's end
+            yield builder.take(lambda: ReadPoint(file + 1, 0, 0, state={"spec": spec.state()}), grid_end=at_end)
+
+    def _read(self, f: Any, line: int) -> bytes:
+        try:
+            return bytes(f.read(CHUNK_BYTES))
+        except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as e:
+            raise InputError(self.path, f"cannot read the file: {one_line(e)}", location=f"line {line + 1}") from None

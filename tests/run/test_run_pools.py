@@ -1,0 +1,277 @@
+"""Reruns that cost what changed, with a fake engine and no model (each test runs in about a second): rows to
+compute are pooled across batches and files before the engine packs them, unchanged blocks, files and row
+groups are carried over without reading their text, and a resume reads none of the committed rows.
+
+The engine's "vector" of a text is its length and a checksum; a forward is one engine batch with rows."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedcli.io.manifest import Manifest, staging_dir
+from embedcli.run import BatchSource, InputOptions, Job, Reporting, RunFlags, Target, run_job
+
+
+@dataclass
+class Stats:
+    rows: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    truncated_rows: int = 0
+    chunked_rows: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": {"tokenize": 0.0, "compute": 0.0}}
+
+
+class Stop(Exception):
+    """The engine dies mid-run (as a killed process would, before the pool in hand is written)."""
+
+
+@dataclass
+class Engine:
+    """One forward per batch with rows; `die_at` raises on that forward."""
+
+    die_at: int | None = None
+    seen: list[str] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+    max_length: int = 512
+
+    def map(self, batches: Iterable[Sequence[Any]]) -> Iterator[Any]:
+        for texts in batches:
+            if len(texts):
+                self.stats.forwards += 1
+                if self.die_at is not None and self.stats.forwards == self.die_at:
+                    raise Stop
+            self.seen.extend(texts)
+            self.stats.rows += len(texts)
+            yield np.asarray([[len(t), zlib.crc32(t.encode()) % 1000] for t in texts], np.float32).reshape(-1, 2)
+
+
+class Codec:
+    def inputs(self, batch: Any) -> Sequence[Any]:
+        return list(batch.texts)
+
+    def table(self, batch: Any, result: Any) -> Any:
+        flat = pa.array(np.asarray(result, np.float32).reshape(-1), pa.float32())
+        return pa.table({"id": pa.array(batch.ids, pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(flat, 2)})
+
+    def empty(self) -> Any:
+        return self.table(type("B", (), {"ids": []})(), np.zeros((0, 2), np.float32))
+
+
+META = {"embedcli.model": "fake", "embedcli.model_hash": "m1", "embedcli.config": "{}", "embedcli.config_hash": "c1"}
+
+
+def job(paths: list[Path], out: Path, engine: Engine, stats: Path, **flags: Any) -> Job:
+    return Job(
+        source=BatchSource(InputOptions([str(p) for p in paths], batch_rows=64)),
+        engine=engine,
+        codec=Codec(),
+        provenance=dict(META),
+        target=Target(str(out)),
+        flags=RunFlags(shard_rows=flags.pop("shard_rows", 64), **flags),
+        reporting=Reporting(quiet=True, stats_file=str(stats)),
+    )
+
+
+def run(paths: list[Path], out: Path, tmp: Path, engine: Engine | None = None, **flags: Any) -> dict[str, Any]:
+    stats = tmp / f"stats-{len(list(tmp.glob('stats-*')))}.json"
+    engine = engine or Engine()
+    run_job(job(paths, out, engine, stats, **flags))
+    report = json.loads(stats.read_text())
+    report["seen"] = engine.seen
+    return report
+
+
+def texts(n: int, tag: str = "") -> list[str]:
+    return [f"text {tag}{i} " + "word " * (i % 7) for i in range(n)]
+
+
+def write_jsonl(path: Path, rows: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows), encoding="utf-8")
+    return path
+
+
+def rows_of(n: int) -> list[tuple[str, str]]:
+    return [(f"r{i}", t) for i, t in enumerate(texts(n))]
+
+
+def test_scattered_changes_pack_like_appended_ones(tmp_path: Path) -> None:
+    n, k = 4000, 40
+    base = rows_of(n)
+    src = write_jsonl(tmp_path / "in.jsonl", base)
+    out = tmp_path / "out.parquet"
+    run([src], out, tmp_path)
+    appended = tmp_path / "app.parquet"
+    write_jsonl(src, [*base, *[(f"new{i}", f"appended text {i}") for i in range(k)]])
+    app = run([src], appended, tmp_path, incremental=True, previous=str(out))
+    rng = np.random.default_rng(1)
+    where = set(rng.choice(n, k, replace=False).tolist())
+    write_jsonl(src, [(i, t + " changed" if j in where else t) for j, (i, t) in enumerate(base)])
+    scattered = run([src], tmp_path / "sc.parquet", tmp_path, incremental=True, previous=str(out))
+    assert app["computed_rows"] == scattered["computed_rows"] == k
+    # 40 rows in 64-row pools: one forward or two, however far apart the rows are
+    assert scattered["forwards"] <= 1.2 * app["forwards"] + 1 and scattered["forwards"] <= 2
+    # the changed rows' blocks are read (and the first batch, whose rows fix a JSON input's types), the
+    # other blocks carried over unread
+    assert scattered["rows_read"] <= 16 * k + 64 and scattered["carried_unread_rows"] >= n - 16 * k - 64
+
+
+def test_many_one_row_files_share_forwards(tmp_path: Path) -> None:
+    folder = tmp_path / "many"
+    folder.mkdir()
+    rows = rows_of(240)
+    for i, row in enumerate(rows):
+        write_jsonl(folder / f"f{i:04d}.jsonl", [row])
+    one = write_jsonl(tmp_path / "one.jsonl", rows)
+    many = run(sorted(folder.glob("*.jsonl")), tmp_path / "many.parquet", tmp_path)
+    single = run([one], tmp_path / "one.parquet", tmp_path)
+    assert many["rows"] == single["rows"] == 240
+    assert many["forwards"] <= 1.2 * single["forwards"] and many["forwards"] <= 4  # not one per file
+    assert pq.read_table(tmp_path / "many.parquet").column("embedding").equals(
+        pq.read_table(tmp_path / "one.parquet").column("embedding"))
+
+
+@pytest.mark.parametrize("die_at", [2, 5, 9])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_resume_reads_no_committed_row_and_ends_byte_equal(tmp_path: Path, die_at: int, fmt: str) -> None:
+    rows = rows_of(1000)
+    if fmt == "jsonl":
+        src = write_jsonl(tmp_path / "in.jsonl", rows)
+    else:
+        src = tmp_path / "in.parquet"
+        pq.write_table(pa.table({"id": [i for i, _ in rows], "text": [t for _, t in rows]}), src, row_group_size=300)
+    whole = tmp_path / "whole.parquet"
+    run([src], whole, tmp_path, shard_rows=50)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=die_at), shard_rows=50)
+    manifest = Manifest.load(staging_dir(str(out)))
+    assert manifest is not None and 0 < manifest.records_done < 1000
+    done = manifest.records_done
+    again = run([src], out, tmp_path, shard_rows=50)
+    assert again["resumed_rows"] == done and again["rows_read"] == 1000 - done  # no committed row read again
+    assert again["seen"] == [t for _, t in rows[done:]]
+    assert out.read_bytes() == whole.read_bytes()
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{whole}.embedcli-index.parquet").read_bytes()
+
+
+def test_a_resume_still_finds_an_id_repeated_from_a_committed_row(tmp_path: Path) -> None:
+    rows = [*rows_of(500), ("r3", "a repeat of an id committed before the stop")]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=4), shard_rows=50, on_error="skip")
+    again = run([src], out, tmp_path, shard_rows=50, on_error="skip")
+    assert again["rows_read"] < 500 and again["skipped_rows"] == 1
+    assert pq.read_table(out).num_rows == 500
+
+
+def test_unchanged_files_and_row_groups_are_carried_without_reading_them(tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", rows_of(300))
+    b = write_jsonl(tmp_path / "b.jsonl", [(f"b{i}", t) for i, t in enumerate(texts(300, "b"))])
+    c = tmp_path / "c.parquet"
+    c_texts = texts(400, "c")
+    pq.write_table(pa.table({"id": [f"c{i}" for i in range(400)], "text": c_texts}), c, row_group_size=100)
+    out = tmp_path / "out.parquet"
+    first = run([a, b, c], out, tmp_path)
+    assert first["rows"] == 1000
+    write_jsonl(b, [(f"b{i}", t + (" edited" if i == 7 else "")) for i, t in enumerate(texts(300, "b"))])
+    c_texts[250] += " edited"  # one row group of four changes
+    pq.write_table(pa.table({"id": [f"c{i}" for i in range(400)], "text": c_texts}), c, row_group_size=100)
+    again = run([a, b, c], out, tmp_path, incremental=True)
+    assert again["computed_rows"] == 2 and again["carried_rows"] == 998
+    # a.jsonl and three row groups of c.parquet carried whole, unread; b.jsonl and c's third group: a block each
+    assert again["rows_read"] <= 16 + 16
+    assert again["carried_unread_rows"] >= 300 + 300 + 300 - 16
+    assert sorted(again["seen"]) == sorted([texts(300, "b")[7] + " edited", c_texts[250]])
+    full = run([a, b, c], tmp_path / "full.parquet", tmp_path)
+    got, want = pq.read_table(out), pq.read_table(tmp_path / "full.parquet")
+    assert got.column("id").equals(want.column("id")) and got.column("embedding").equals(want.column("embedding"))
+    assert full["rows_read"] == 1000
+
+
+def test_a_carried_block_whose_id_was_seen_is_read_and_the_repeat_reported(tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", rows_of(100))
+    b = write_jsonl(tmp_path / "b.jsonl", [(f"b{i}", t) for i, t in enumerate(texts(100, "b"))])
+    out = tmp_path / "out.parquet"
+    run([a, b], out, tmp_path, on_error="skip")
+    write_jsonl(a, [*rows_of(100), ("b5", "now in a.jsonl first")])  # b.jsonl's b5 is a repeat now
+    again = run([a, b], out, tmp_path, incremental=True, on_error="skip", errors_file=str(tmp_path / "bad.jsonl"))
+    assert again["skipped_rows"] == 1
+    bad = [json.loads(x) for x in (tmp_path / "bad.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["file"].endswith("b.jsonl"), r["location"]) for r in bad] == [("b5", True, "line 6")]
+    ids = pq.read_table(out).column("id").to_pylist()
+    assert ids.count("b5") == 1 and ids.index("b5") == 100
+
+
+def test_merge_of_a_previous_incremental_carries_everything_over(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", rows_of(700))
+    out = tmp_path / "out.parquet"
+    run([src], out, tmp_path)
+    copy = write_jsonl(tmp_path / "copy.jsonl", rows_of(700))  # another file, the same rows
+    again = run([copy], tmp_path / "again.parquet", tmp_path, incremental=True, previous=str(out))
+    assert again["computed_rows"] == 0 and again["carried_rows"] == 700
+    assert pq.read_table(tmp_path / "again.parquet").column("embedding").equals(pq.read_table(out).column("embedding"))
+
+
+def test_a_stop_between_pools_commits_what_was_written(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", rows_of(600))
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=3), shard_rows=10_000, commit_every=1e9)
+    manifest = Manifest.load(staging_dir(str(out)))
+    assert manifest is not None and manifest.records_done > 0  # the two pools written before the failure
+    assert manifest.shards[-1].end is not None  # with where reading goes on
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_killed_incremental_run_resumes_to_the_bytes_of_an_uninterrupted_one(tmp_path: Path, in_place: bool) -> None:
+    """Rows taken over from the previous output are staged as references: a resume reads them from the same
+    previous output (in place: the output file itself, replaced only at the very end)."""
+    base = rows_of(2000)
+    src = write_jsonl(tmp_path / "in.jsonl", base)
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path, shard_rows=50)
+    changed = [(i, t + " edited" if j % 20 == 0 else t) for j, (i, t) in enumerate(base)]
+    write_jsonl(src, [*changed, *[(f"n{i}", f"new row {i}") for i in range(30)]])
+    want = tmp_path / "want.parquet"
+    run([src], want, tmp_path, shard_rows=50, incremental=True, previous=str(prev))
+    out = prev if in_place else tmp_path / "out.parquet"
+    flags = {} if in_place else {"previous": str(prev)}
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=2), shard_rows=50, incremental=True, **flags)
+    manifest = Manifest.load(staging_dir(str(out)))
+    assert manifest is not None and manifest.records_done and any(s.refs for s in manifest.shards)
+    again = run([src], out, tmp_path, shard_rows=50, incremental=True, **flags)
+    assert again["resumed_rows"] == manifest.records_done
+    assert out.read_bytes() == want.read_bytes()
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{want}.embedcli-index.parquet").read_bytes()
+
+
+def test_rows_taken_over_reach_stdout_too(tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", rows_of(300))
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path)
+    write_jsonl(src, [*rows_of(300), ("extra", "one more row")])
+    capsysbinary.readouterr()
+    stats = tmp_path / "stdout.json"
+    engine = Engine()
+    j = job([src], tmp_path / "unused.parquet", engine, stats, incremental=True, previous=str(prev))
+    run_job(Job(j.source, engine, j.codec, j.provenance, Target("-", "jsonl"), j.flags, j.reporting))
+    lines = [json.loads(x) for x in capsysbinary.readouterr().out.decode().splitlines()]
+    assert [r["id"] for r in lines] == [*(f"r{i}" for i in range(300)), "extra"]
+    want = pq.read_table(prev).column("embedding").to_pylist()
+    assert [r["embedding"] for r in lines[:300]] == [[float(v) for v in e] for e in want]
+    assert engine.seen == ["one more row"]
