@@ -82,8 +82,8 @@ def _distributed_options() -> list[tuple[str, Any, Any]]:
     return [
         ("engine", str, typer.Option(
             d.engine, "--engine", envvar=_env("engine"), rich_help_panel=DISTRIBUTED,
-            help="local: this process. ray: a pool of Ray actors (each loads the model once and runs the same "
-            "runner); output, resume and errors are unchanged. Needs pip install 'embedcli\\[ray]'.",
+            help="local: this process. ray: Ray Data workers (one model each) read, compute and write slices of "
+            "the inputs; output, resume and errors are unchanged. Needs pip install 'embedcli\\[ray]'.",
         )),
         ("ray_address", str | None, typer.Option(
             None, "--ray-address", envvar=_env("ray-address"), rich_help_panel=DISTRIBUTED,

@@ -36,22 +36,14 @@ import pyarrow as pa
 
 from embedcli.compute.build import RunnerRecipe, build_runner, embed_recipe
 from embedcli.compute.runner import Runner, RunStats, TokenRows
-from embedcli.errors import UsageError
+from embedcli.engines.ray_data import INSTALL_HINT as INSTALL_HINT
+from embedcli.engines.ray_data import require_ray as require_ray
+from embedcli.engines.ray_data import stats_delta
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import load_model_spec
 
-INSTALL_HINT = "pip install 'embedcli[ray]'  (ray[data]==2.60.0)"
 ERROR_COL = "embedcli_error"
 WorkerSpec = RunnerRecipe  # the name this module used before the builder was shared
-
-
-def require_ray() -> Any:
-    """`import ray`, or a UsageError saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
-    return ray
 
 
 def recipe_of(runner: Runner, *, gpus: float = 0.0, threads: int | None = None) -> RunnerRecipe:
@@ -61,16 +53,6 @@ def recipe_of(runner: Runner, *, gpus: float = 0.0, threads: int | None = None) 
     device = "cuda" if gpus > 0 else "cpu"
     options = replace(model.options, device=device, dtype="float32" if model.options.quantize else dtype)
     return RunnerRecipe(model.spec, options, runner.options, threads)
-
-
-def _stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in after.items():
-        if isinstance(value, dict):
-            out[key] = {k: v - before.get(key, {}).get(k, 0) for k, v in value.items()}
-        elif isinstance(value, (int, float)):
-            out[key] = value - before.get(key, 0)
-    return out
 
 
 class EmbedWorker:
@@ -94,7 +76,7 @@ class EmbedWorker:
         """Results of one batch and the runner's stats for it."""
         before = self.runner.stats.to_dict()
         result = self._run(texts)
-        return result, _stats_delta(before, self.runner.stats.to_dict())
+        return result, stats_delta(before, self.runner.stats.to_dict())
 
     def ready(self) -> bool:
         return True

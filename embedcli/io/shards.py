@@ -174,6 +174,28 @@ def arrow_child_names(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def conform_table(table: pa.Table, schema: pa.Schema | None) -> pa.Table:
+    """`table` in the column order and types of `schema` (None: as it is); ValueError when the columns differ."""
+    if schema is None or table.schema.equals(schema, check_metadata=False):
+        return table
+    if sorted(table.column_names) != sorted(schema.names):
+        raise ValueError(f"result columns {table.column_names} do not match the output's {schema.names}")
+    return table.select(schema.names).cast(schema)
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    """The files of one shard written elsewhere (a worker: `embedcli.io.shard_files`), relative to the staging
+    directory (None: not written), for `ShardStore.adopt` to commit."""
+
+    file: str | None
+    index: str | None
+    errors_file: str | None
+    rows: int
+    errors: int
+    indexed: bool  # every row has its row key (rows one per input record)
+
+
 class ShardStore:
     """The staging directory of one run: writes the current shard, commits it, keeps the manifest.
 
@@ -243,13 +265,7 @@ class ShardStore:
     # -- the shard in progress -------------------------------------------------------------------
     def conform(self, table: pa.Table) -> pa.Table:
         """`table` in the column order and types of the shards already written."""
-        if self.schema is None:
-            return table
-        if table.schema.equals(self.schema, check_metadata=False):
-            return table
-        if sorted(table.column_names) != sorted(self.schema.names):
-            raise ValueError(f"result columns {table.column_names} do not match the output's {self.schema.names}")
-        return table.select(self.schema.names).cast(self.schema)
+        return conform_table(table, self.schema)
 
     def write(self, out: RowsOut) -> None:
         """Append rows (and their row index, or None when rows are not one per input record)."""
@@ -393,6 +409,90 @@ class ShardStore:
         self._index = []
         self._errors = []
         return entry
+
+    def adopt(
+        self, written: WrittenShard, records_end: int, end: Mapping[str, Any] | None = None, units: str | None = None
+    ) -> ShardEntry:
+        """Commit a shard written elsewhere (`written`, under this staging directory) as consuming input
+        records up to `records_end`; `end`: where reading goes on after it (a `ReadPoint`'s dict); `units`:
+        the run's `InputUnits` so far, as JSON (as `commit`).
+
+        Its files are renamed to the next shard's names (a data file whose columns are typed otherwise than
+        the shards before it is rewritten in their types first); the manifest rewrite is the commit.
+        """
+        if self._writer is not None or self._rows or self._errors:
+            raise RuntimeError("a shard is in progress in this staging area; commit it before adopting another")
+        manifest = self.manifest
+        start = manifest.records_done
+        number = len(manifest.shards)
+        entry = ShardEntry(number=number, file=None, rows=written.rows, records=[start, records_end],
+                           errors=written.errors, end=dict(end) if end is not None else None)
+        moved: list[str] = []
+        try:
+            if written.file is not None:
+                path = os.path.join(self.root, written.file)
+                self._conform_file(path)
+                moved.append(self._move(path, shard_name(number)))
+                entry.file = shard_name(number)
+            if written.rows and not written.indexed:
+                manifest.indexed = False
+            if written.index is not None and manifest.indexed:
+                moved.append(self._move(os.path.join(self.root, written.index), _index_name(number)))
+                entry.index = _index_name(number)
+            if written.errors_file is not None:
+                moved.append(self._move(os.path.join(self.root, written.errors_file), _errors_name(number)))
+                entry.errors_file = _errors_name(number)
+            fsync_dir(self.root)
+            fsync_dir(os.path.join(self.root, META_DIR))
+            units_before = manifest.units
+            manifest.shards.append(entry)
+            manifest.records_done = records_end
+            manifest.rows_done += entry.rows
+            manifest.errors += entry.errors
+            if units is not None:
+                manifest.units = units
+            try:
+                manifest.save(self.root)
+            except BaseException:
+                manifest.shards.pop()
+                manifest.records_done = start
+                manifest.rows_done -= entry.rows
+                manifest.errors -= entry.errors
+                manifest.units = units_before
+                raise
+        except OSError as e:
+            for path in moved:  # not in the manifest: a later run recomputes these rows
+                unlink_quiet(path)
+            raise output_error(self.output, e) from None
+        return entry
+
+    def _move(self, path: str, name: str) -> str:
+        target = os.path.join(self.root, name)
+        os.replace(path, target)
+        return target
+
+    def _conform_file(self, path: str) -> None:
+        """Give a worker's data file the column order and types of the shards before it (rewritten only when
+        they differ); the first one sets them."""
+        schema = pq.read_schema(arrow_source(path)).remove_metadata()
+        schema = pa.schema([f.with_type(arrow_child_names(f.type)) for f in schema])
+        if self.schema is None:
+            self.schema = schema
+            return
+        if schema.equals(self.schema, check_metadata=False):
+            return
+        table = conform_table(pq.read_table(arrow_source(path)).replace_schema_metadata(None), self.schema)
+        tmp, file = create_temp(path)
+        try:
+            meta = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
+            with pq.ParquetWriter(file, meta, compression="zstd", use_dictionary=dictionary_columns(meta)) as w:
+                w.write_table(table.cast(meta))
+            close_synced(file)
+        except BaseException:
+            file.close()
+            unlink_quiet(tmp)
+            raise
+        os.replace(tmp, path)
 
     # -- reading committed work ------------------------------------------------------------------
     def shard_files(self) -> list[str]:

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from embedcli.errors import UsageError
+from embedcli.io.arrow_values import arrow_array
 from embedcli.io.manifest import KEY_CONFIG, KEY_INPUT_OPTIONS, KEY_MODEL, output_metadata
 from embedcli.io.previous import PreviousOutput
-from embedcli.io.shards import row_keys
+from embedcli.io.shards import RowsOut, row_keys
+from embedcli.io.units import InputUnits, file_entry
 from embedcli.io.writers import output_format
-from embedcli.run.checks import Work
+from embedcli.run.checks import Work, index_table
 from embedcli.run.flags import RunFlags
 from embedcli.run.source import id_column, id_type_of, kept_columns, subset
 
@@ -183,7 +185,82 @@ class Carry:
         columns.update(kept_columns(sub, self.keep_cols))
         return pa.table(columns)
 
+    def rows_out(self, works: Sequence[Work], n_compute: int, computed: Any, counts: Any) -> RowsOut | None:
+        """The output rows of consecutive work items in input order (`computed`: the results of their
+        `n_compute` rows to compute, in order): computed, carried over by row key, carried over unread.
+        Adds to `counts`' computed_rows, carried_rows and carried_unread."""
+        if computed is not None and computed.num_rows != n_compute:  # not one output row per input row
+            if any(w.rows != len(w.compute_idx) for w in works):
+                raise UsageError("--incremental needs one output row per input row; this command does not give that")
+            counts.computed_rows += n_compute
+            return RowsOut(computed, None, None)
+        tables: list[Any] = []
+        refs: list[np.ndarray] = []
+        index: list[Any] = []
+        at = 0
+        for work in works:
+            if not work.rows:
+                continue
+            k = len(work.compute_idx) if work.compute is not None else 0
+            own = computed.slice(at, k) if computed is not None and k else None
+            at += k
+            table, ref = self._work_rows(work, own)
+            if table is not None and table.num_rows:
+                tables.append(table.replace_schema_metadata(None))
+            refs.append(ref)
+            index.append(index_table(work))
+            counts.computed_rows += k
+            counts.carried_rows += work.rows - k
+            counts.carried_unread += work.unread
+        if not refs:
+            return None
+        table = None
+        if tables:
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(
+                [t.select(tables[0].column_names).cast(tables[0].schema) for t in tables])
+        all_refs = np.concatenate(refs)
+        return RowsOut(table, all_refs if bool((all_refs >= 0).any()) else None, pa.concat_tables(index))
+
+    def _work_rows(self, work: Work, computed: Any) -> tuple[Any, np.ndarray]:
+        """A work item's rows not taken over as they are (a table, in order), and per output row the
+        previous-output row taken over as it is, or -1."""
+        prev = work.prev_rows()
+        if not (prev >= 0).any():
+            return computed, np.full(work.rows, -1, np.int64)
+        unread = work.src < 0
+        by_key = (prev >= 0) & ~unread
+        if not by_key.any() or self.by_reference(work.batch):
+            return computed, prev
+        # rows carried by row key with this run's id and kept columns: written, not referenced
+        made = self.carried(work, work.src[by_key])
+        if computed is None or computed.num_rows == 0:
+            both = made
+        else:
+            made = made.select(computed.column_names).cast(computed.schema)
+            both = pa.concat_tables([computed.replace_schema_metadata(None), made.replace_schema_metadata(None)])
+        is_computed = (prev < 0)[~unread]
+        position = np.empty(len(is_computed), np.int64)
+        position[is_computed] = np.arange(int(is_computed.sum()))
+        position[~is_computed] = int(is_computed.sum()) + np.arange(int((~is_computed).sum()))
+        return both.take(arrow_array(position)).combine_chunks(), np.where(unread, prev, -1)
+
     def close(self) -> None:
         """Close the previous output."""
         if self.previous is not None:
             self.previous.close()
+
+
+def count_units(units: InputUnits, work: Work, previous: PreviousOutput | None,
+                carry_units: Mapping[bytes, Any] | None) -> None:
+    """Count a work item's records and rows per input file and row group into `units`; a file carried over
+    whole takes its row groups from the previous output's units."""
+    for f, group, records, rows in work.counts:
+        units.add(f, group, records, rows)
+    for f, group, ident in work.identities:
+        units.identify(f, ident, group)
+        if group < 0 and previous is not None and carry_units and ident in carry_units:
+            entry = file_entry(previous.units, ident)
+            if entry is not None and work.unread:
+                units.copy_groups(f, entry)
+    for f, state in work.exits:
+        units.exit(f, state)

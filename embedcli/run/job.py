@@ -42,6 +42,20 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class SliceEngine(Engine, Protocol):
+    """An engine that does whole slices of a run where its workers are (the Ray Data engine): each slice is
+    read, computed and written by a worker (`embedcli.run.slice_work.SliceWork.run`), the loop commits the
+    results in order (`embedcli.run.sliced`)."""
+
+    def start(self) -> None: ...
+
+    @property
+    def parallelism(self) -> int: ...  # slices it works on at once (its workers), once started
+
+    def run_slices(self, work: Any, slices: Sequence[Any]) -> Iterator[Any]: ...
+
+
+@runtime_checkable
 class Sink(Protocol):
     """Where the loop writes committed rows: `embedcli.io.shards.ShardStore` (staged, resumable) or
     `embedcli.run.sinks.StdoutSink` (`-o -`)."""

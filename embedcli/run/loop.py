@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import numpy as np
 import pyarrow as pa
 
 from embedcli.errors import (
@@ -38,22 +37,21 @@ from embedcli.errors import (
     InputError,
     OutputError,
     TooManyErrors,
-    UsageError,
 )
 from embedcli.io.arrow_values import arrow_array
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, KEY_JOB, config_key, job_key
 from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.readers import detect_format
-from embedcli.io.shards import RowsOut
-from embedcli.io.units import InputUnits, file_entry
-from embedcli.run.checks import RowChecks, Work, index_table, joined, read_work
+from embedcli.io.units import InputUnits
+from embedcli.run.checks import RowChecks, Work, joined, read_work
 from embedcli.run.grid import batch_chars, grid_of
 from embedcli.run.ids import IdSet
-from embedcli.run.incremental import Carry, open_previous
-from embedcli.run.job import Job, Rows, Sink
+from embedcli.run.incremental import Carry, count_units, open_previous
+from embedcli.run.job import Job, Rows, Sink, SliceEngine
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
+from embedcli.run.sliced import run_sliced
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
 from embedcli.run.target import check_target, resolve_output
@@ -268,6 +266,10 @@ class Pipeline:
         return open_reader
 
     def _loop(self, sink: Sink, start: ReadPoint | None, records: int, ids: IdSet | None) -> None:
+        if isinstance(self.job.engine, SliceEngine):  # its workers read, compute and write; this commits
+            run_sliced(self, sink, start, records, ids if ids is not None else self.id_set(),
+                       batch_chars(self.job.engine))
+            return
         report, engine, codec = self.report, self.job.engine, self.job.codec
         report.resumed_records = report.records_done = records
         errors_before = self._errors_before = self.manifest.errors if self.manifest is not None else 0
@@ -354,18 +356,7 @@ class Pipeline:
 
     def units_done(self, work: Work) -> None:
         """Count a work item's records and rows per input file and row group (`InputUnits`)."""
-        units = self.units
-        for f, group, records, rows in work.counts:
-            units.add(f, group, records, rows)
-        previous = self.carry.previous
-        for f, group, ident in work.identities:
-            units.identify(f, ident, group)
-            if group < 0 and previous is not None and ident in self.carry_units:
-                entry = file_entry(previous.units, ident)
-                if entry is not None and work.unread:
-                    units.copy_groups(f, entry)
-        for f, state in work.exits:
-            units.exit(f, state)
+        count_units(self.units, work, self.carry.previous, self.carry_units)
 
     def _stopped(self, sink: Sink, stop: StopFlag) -> NoReturn:
         """Commit what is written, say so, and stop (exit 130)."""
@@ -390,7 +381,7 @@ class Pipeline:
                     raise answered[0]
                 read_errors = sum(len(w.errors) for w in pool.works)
                 self._check_max_errors(answered, read_errors)  # before anything of this pool is written
-        out = self._rows_out(pool, computed)
+        out = self.carry.rows_out(pool.works, pool.compute_rows, computed, self.report)
         if out is None:
             return answered
         t0 = time.perf_counter()
@@ -399,65 +390,6 @@ class Pipeline:
         self._in_write = False
         self.report.seconds["write"] += time.perf_counter() - t0
         return answered
-
-    def _rows_out(self, pool: Pool, computed: Any) -> RowsOut | None:
-        """The rows of a pool in input order: computed, carried over by row key, carried over unread."""
-        report = self.report
-        n_compute = pool.compute_rows
-        if computed is not None and computed.num_rows != n_compute:  # not one output row per input row
-            if any(w.rows != len(w.compute_idx) for w in pool.works):
-                raise UsageError("--incremental needs one output row per input row; this command does not give that")
-            report.computed_rows += n_compute
-            return RowsOut(computed, None, None)
-        tables: list[Any] = []
-        refs: list[np.ndarray] = []
-        index: list[Any] = []
-        at = 0
-        for work in pool.works:
-            if not work.rows:
-                continue
-            k = len(work.compute_idx) if work.compute is not None else 0
-            own = computed.slice(at, k) if computed is not None and k else None
-            at += k
-            table, ref = self._work_rows(work, own)
-            if table is not None and table.num_rows:
-                tables.append(table.replace_schema_metadata(None))
-            refs.append(ref)
-            index.append(index_table(work))
-            report.computed_rows += k
-            report.carried_rows += work.rows - k
-            report.carried_unread += work.unread
-        if not refs:
-            return None
-        table = None
-        if tables:
-            table = tables[0] if len(tables) == 1 else pa.concat_tables(
-                [t.select(tables[0].column_names).cast(tables[0].schema) for t in tables])
-        all_refs = np.concatenate(refs)
-        return RowsOut(table, all_refs if bool((all_refs >= 0).any()) else None, pa.concat_tables(index))
-
-    def _work_rows(self, work: Work, computed: Any) -> tuple[Any, np.ndarray]:
-        """A work item's rows not taken over as they are (a table, in order), and per output row the
-        previous-output row taken over as it is, or -1."""
-        prev = work.prev_rows()
-        if not (prev >= 0).any():
-            return computed, np.full(work.rows, -1, np.int64)
-        unread = work.src < 0
-        by_key = (prev >= 0) & ~unread
-        if not by_key.any() or self.carry.by_reference(work.batch):
-            return computed, prev
-        # rows carried by row key with this run's id and kept columns: written, not referenced
-        made = self.carry.carried(work, work.src[by_key])
-        if computed is None or computed.num_rows == 0:
-            both = made
-        else:
-            made = made.select(computed.column_names).cast(computed.schema)
-            both = pa.concat_tables([computed.replace_schema_metadata(None), made.replace_schema_metadata(None)])
-        is_computed = (prev < 0)[~unread]
-        position = np.empty(len(is_computed), np.int64)
-        position[is_computed] = np.arange(int(is_computed.sum()))
-        position[~is_computed] = int(is_computed.sum()) + np.arange(int((~is_computed).sum()))
-        return both.take(arrow_array(position)).combine_chunks(), np.where(unread, prev, -1)
 
     def _check_max_errors(self, answered: list[InputError], read_errors: int) -> None:
         """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);

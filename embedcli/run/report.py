@@ -19,6 +19,15 @@ ERRORS_SHOWN = 5
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process in MiB."""
+    # Linux keeps ru_maxrss across exec: a run started by a big process (a benchmark or test that has loaded
+    # torch) would report its parent's peak. /proc's VmHWM is this process's own.
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 

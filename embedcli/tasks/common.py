@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -249,12 +249,51 @@ def engine_for(runner: Runner, flags: RunFlags) -> Engine:
     return runner
 
 
+def job_engine(
+    recipe: RunnerRecipe,
+    flags: RunFlags,
+    extra: dict[str, Any] | None = None,
+    loaded: Callable[[Runner], None] | None = None,
+) -> tuple[Engine, dict[str, str], RunnerPlan]:
+    """The engine of a job over input files, its provenance and plan: `planned_engine`'s local runner, or under
+    `--engine ray` the Ray Data engine (its workers read, compute and write slices of the inputs)."""
+    if flags.engine != "ray":
+        return planned_engine(recipe, flags, extra, loaded)
+    if recipe.model_spec.head == "static":
+        raise UsageError("--engine ray: a static embedding model runs in this process (numpy, no torch); drop --engine ray")
+    from embedcli.engines.ray_data import RayDataEngine
+
+    gpus = flags.gpus_per_worker
+    cpus = 1.0
+    device = "cuda" if gpus else "cpu"
+    worker = RunnerRecipe(recipe.model_spec, replace(recipe.model_options, device=device), recipe.runner_options,
+                          None if gpus else max(1, int(cpus)))
+    engine = RayDataEngine(worker, address=flags.ray_address, workers=flags.workers, gpus_per_worker=gpus,
+                           cpus_per_worker=cpus, max_length=0, max_batch_tokens=recipe.runner_options.token_budget(device),
+                           loaded=loaded)
+    plan = plan_runner(worker)
+    if plan is None:  # only a worker can tell (its GPU, or `auto` not probed yet): it builds the model once to say
+        plan, meta = engine.call(plan_on_worker, worker, extra)
+    else:
+        meta = planned_provenance(recipe.model_spec, plan, recipe.runner_options, extra)
+    # Every worker computes in the dtype the provenance names, whatever its own machine would choose.
+    engine.recipe = replace(worker, model_options=replace(worker.model_options, dtype=plan.dtype))
+    engine.set_max_length(plan.max_length)
+    return engine, meta, plan
+
+
+def plan_on_worker(recipe: RunnerRecipe, extra: dict[str, Any] | None) -> tuple[RunnerPlan, dict[str, str]]:
+    """What `recipe`'s runner resolves to where it is built (run on a Ray worker), and its provenance."""
+    runner = build_runner(recipe)
+    return RunnerPlan.of(runner), provenance(runner.model, runner, extra)
+
+
 def run_computation(
     source: Iterable[Any], work: Computation, output: OutputOptions, flags: RunFlags
 ) -> int:
     """Run a command's computation over `source` as one `Job`; returns the exit code. The model loads once the
     output's state says there is work (unless only loading can settle the dtype)."""
-    engine, meta, _ = planned_engine(work.recipe, flags, work.extra, loaded=work.loaded)
+    engine, meta, _ = job_engine(work.recipe, flags, work.extra, loaded=work.loaded)
     return run_job(make_job(source, engine, work.codec, meta, output, flags))
 
 

@@ -32,10 +32,10 @@ from embedcli.run.whole import WholeJob, WholeOutput
 from embedcli.tasks.common import (
     ModelChoice,
     OutputOptions,
+    job_engine,
     load_spec,
     located,
     make_job,
-    planned_engine,
     run_computation,
 )
 from embedcli.tasks.m3 import HybridRequest, check_hybrid, hybrid_computation, output_format
@@ -120,7 +120,7 @@ def run_embed(
     )
     quant = make_quantizer(embed.precision, embed.calibration)
     # The model loads once the output's state says there is work (unless only loading can settle the dtype).
-    engine, meta, plan = planned_engine(recipe, flags, quant.config())
+    engine, meta, plan = job_engine(recipe, flags, quant.config())
     width = plan.dimensions or spec.embedding_size
     codec = EmbedCodec(width, tuple(inputs.keep_cols))
     job = make_job(BatchSource(inputs), engine, codec, meta, output, flags)

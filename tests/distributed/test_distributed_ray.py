@@ -1,4 +1,6 @@
-"""The Ray engine on a local cluster (2 CPUs): same output, provenance and resume contract as the local engine."""
+"""`--engine ray` (the Ray Data engine) on the session's real two-node cluster: the local engine's output,
+bad rows, exit codes, errors file, provenance, repair, `--incremental` and `-o -`, with the driver only
+planning and committing slices."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from distributed_helpers import vectors, write_corpus
 
@@ -15,13 +19,9 @@ ROWS = 300
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster():  # type: ignore[no-untyped-def]
-    """One local Ray cluster for the module (start-up takes seconds); the CLI joins it."""
-    import logging
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    yield
-    ray.shutdown()
+def driver(ray_driver):  # type: ignore[no-untyped-def]
+    """The in-process CLI runs of this module drive the session's cluster."""
+    return ray_driver
 
 
 @pytest.fixture(scope="module")
@@ -29,82 +29,144 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("ray_corpus") / "corpus.jsonl", ROWS, seed=7)
 
 
-RAY = ("--engine", "ray", "--workers", 2)
+def ray_flags(driver) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
+    return ("--engine", "ray", "--workers", 2, "--ray-address", driver.address)
 
 
-def test_ray_output_equals_local_output(cli, st_model: Path, corpus: Path, tmp_path: Path) -> None:
+def test_ray_output_equals_local_output(cli, st_model: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
+    """JSON Lines (a BOM, blank lines, a kept column) and Parquet (row groups) cut into slices: the same rows,
+    in the same order, vectors within 1e-6, the same metadata, one shard per slice."""
+    rng = np.random.default_rng(1)
+    with (tmp_path / "a.jsonl").open("w", encoding="utf-8") as f:
+        f.write("\ufeff")
+        for i in range(130):
+            if i % 50 == 7:
+                f.write("\n")
+            f.write(json.dumps({"id": f"a{i}", "text": f"row {i} " + "market " * int(rng.integers(1, 20)),
+                                "k": i}) + "\n")
+    pq.write_table(pa.table({"id": [f"b{i}" for i in range(90)], "text": [f"parquet row {i}" for i in range(90)],
+                             "k": list(range(90))}), tmp_path / "b.parquet", row_group_size=30)
+    inputs = (tmp_path / "a.jsonl", tmp_path / "b.parquet")
     local, remote = tmp_path / "local.parquet", tmp_path / "ray.parquet"
-    cli("embed", corpus, "-m", st_model, "-o", local, "--shard-rows", 64, "-q")
-    cli("embed", corpus, "-m", st_model, "-o", remote, "--shard-rows", 64, "-q", "--stats", tmp_path / "s.json", *RAY)
+    common = ("-m", st_model, "--keep-cols", "k", "--shard-rows", 40, "-q")
+    cli("embed", *inputs, "-o", local, *common)
+    cli("embed", *inputs, "-o", remote, *common, "--stats", tmp_path / "s.json", *ray_flags(driver))
     l_ids, l_emb, l_meta = vectors(local)
     r_ids, r_emb, r_meta = vectors(remote)
-    assert r_ids == l_ids == [f"d{i}" for i in range(ROWS)]
+    assert r_ids == l_ids == [f"a{i}" for i in range(130)] + [f"b{i}" for i in range(90)]
     assert np.abs(r_emb - l_emb).max() <= 1e-6
+    assert pq.read_table(remote).column("k").to_pylist() == pq.read_table(local).column("k").to_pylist()
     assert r_meta == l_meta  # provenance, config hash, inputs, row counts: all the same
     stats = json.loads((tmp_path / "s.json").read_text())
-    assert stats["computed_rows"] == ROWS and stats["tokens"] > 0 and stats["exit_code"] == 0
+    assert stats["computed_rows"] == 220 and stats["tokens"] > 0 and stats["exit_code"] == 0
+    # slices of about 40 records, text cut in whole 16-line blocks: JSON Lines lines 1-48, 49-96, then its last
+    # 37 lines with the first Parquet row group (30 rows), then the other two row groups
+    assert stats["shards"] == 4
     cli("inspect", remote, "--check")
 
 
-def test_deleted_shard_is_recomputed_alone(cli, st_model: Path, corpus: Path, tmp_path: Path) -> None:
+def test_deleted_shard_is_recomputed_alone(cli, st_model: Path, corpus: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "dir"
-    cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, "-q", *RAY)
-    parts = sorted(p.name for p in out.glob("part-*.parquet"))
-    assert parts == ["part-000000.parquet", "part-000001.parquet", "part-000002.parquet"]
+    cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, "-q", *ray_flags(driver))
+    parts = sorted(p.name for p in out.iterdir() if p.is_file())
+    assert parts == ["part-000000.parquet", "part-000001.parquet", "part-000002.parquet"]  # no worker leftovers
     before = {p: (out / p).stat().st_mtime_ns for p in parts}
-    saved = (out / "part-000001.parquet").read_bytes()
+    saved = pq.read_table(out / "part-000001.parquet")
     (out / "part-000001.parquet").unlink()
     cli("inspect", out, "--check", code=1)
-    r = cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, *RAY)
+    r = cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, *ray_flags(driver))
     lo, hi = json.loads((out / "_embedcli" / "manifest.json").read_text())["shards"][1]["records"]
     assert f"repaired part-000001.parquet: recomputed input records {lo}-{hi} ({hi - lo} rows)" in r.stderr
     assert "repaired part-000000" not in r.stderr and "repaired part-000002" not in r.stderr
-    assert (out / "part-000001.parquet").read_bytes() == saved  # the same shard, bit for bit
+    assert pq.read_table(out / "part-000001.parquet").equals(saved)
     for p in ("part-000000.parquet", "part-000002.parquet"):
         assert (out / p).stat().st_mtime_ns == before[p]  # untouched
     cli("inspect", out, "--check")
     assert not list(tmp_path.glob("*.embedcli-repair*")) and not list(tmp_path.glob("*staging*"))
 
 
-def test_bad_row_is_an_error_record_and_exit_3(cli, st_model: Path, tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "bad.jsonl", 120, seed=8, bad_at=57)
-    out, errors = tmp_path / "o.parquet", tmp_path / "errors.jsonl"
-    r = cli("embed", corpus, "-m", st_model, "-o", out, "--on-error", "skip", "--errors-file", errors, *RAY, code=3)
-    assert "skipped" in r.stderr
-    records = [json.loads(line) for line in errors.read_text().splitlines()]
-    assert [(e["id"], e["location"], e["reason"]) for e in records] == [("bad", "line 58", "text is null")]
-    ids, _, meta = vectors(out)
-    assert ids == [f"d{i}" for i in range(120) if i != 57] and meta["embedcli.skipped_rows"] == "1"
-    cli("embed", corpus, "-m", st_model, "-o", tmp_path / "f.parquet", *RAY, code=1)  # --on-error fail
+def test_bad_rows_across_slices_as_the_local_engine(cli, st_model: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
+    """A null text, a malformed line and ids repeated from an earlier slice: under --on-error skip the same
+    rows, errors file and exit 3 as the local engine; --max-errors and --on-error fail stop with exit 1."""
+    corpus = write_corpus(tmp_path / "bad.jsonl", 160, seed=8, bad_at=57)
+    lines = corpus.read_text().splitlines()
+    lines[90] = '{"id": "d3", "text": "a repeat of an id of the first slice"}'
+    lines[130] = "{not json"
+    lines[150] = '{"id": "d125", "text": "a repeat within its own slice"}'
+    corpus.write_text("\n".join(lines) + "\n")
+    outputs = {}
+    for engine, extra in (("local", ()), ("ray", ray_flags(driver))):
+        out, errors = tmp_path / f"{engine}.parquet", tmp_path / f"{engine}-errors.jsonl"
+        r = cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 40, "--on-error", "skip",
+                "--errors-file", errors, *extra, code=3)
+        assert "4 bad input rows were skipped" in r.stderr
+        records = [json.loads(line) for line in errors.read_text().splitlines()]
+        outputs[engine] = (vectors(out), sorted((e["location"], e["id"], e["reason"]) for e in records))
+    (l_ids, l_emb, l_meta), l_errors = outputs["local"]
+    (r_ids, r_emb, r_meta), r_errors = outputs["ray"]
+    assert r_errors == l_errors
+    assert ("line 91", "d3", f"duplicate id 'd3': first seen at {corpus} line 4") in r_errors
+    assert r_ids == l_ids and len(r_ids) == 156 and np.abs(r_emb - l_emb).max() <= 1e-6
+    assert r_meta["embedcli.skipped_rows"] == l_meta["embedcli.skipped_rows"] == "4"
+    r = cli("embed", corpus, "-m", st_model, "-o", tmp_path / "m.parquet", "--shard-rows", 40, "--on-error", "skip",
+            "--max-errors", 2, *ray_flags(driver), code=1)
+    assert "more than 2 bad rows (--max-errors 2)" in r.stderr  # passed in the fourth slice
+    r = cli("embed", corpus, "-m", st_model, "-o", tmp_path / "f.parquet", "--shard-rows", 40,
+            "--errors-file", tmp_path / "f-errors.jsonl", *ray_flags(driver), code=1)
+    assert "line 58" in r.stderr and "text is null" in r.stderr  # the first bad row stops the run
+    assert [json.loads(line)["location"] for line in (tmp_path / "f-errors.jsonl").read_text().splitlines()] == ["line 58"]
+    assert not (tmp_path / "f.parquet").exists()
 
 
-def test_killed_ray_run_resumes_from_the_manifest(cli, st_model: Path, corpus: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run stopped part-way leaves its commits staged; the rerun computes only the rest."""
-    from embedcli.engines import ray_engine
+def test_incremental_and_stdout(cli, st_model: Path, corpus: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
+    """--incremental carries unchanged rows over through the same manifest and index; -o - streams the rows."""
+    out = tmp_path / "o.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 100, "-q", *ray_flags(driver))
+    lines = corpus.read_text().splitlines()
+    lines[5] = json.dumps({"id": "d5", "text": "a text changed since the first run"})
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("\n".join(lines) + "\n")
+    cli("embed", changed, "-m", st_model, "-o", out, "--shard-rows", 100, "-q", "--incremental",
+        "--stats", tmp_path / "s.json", *ray_flags(driver))
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert (stats["computed_rows"], stats["carried_rows"]) == (1, ROWS - 1)
+    local = tmp_path / "local.parquet"
+    cli("embed", changed, "-m", st_model, "-o", local, "-q")
+    assert vectors(out)[0] == vectors(local)[0]
+    assert np.abs(vectors(out)[1] - vectors(local)[1]).max() <= 1e-6
+    r = cli("embed", changed, "-m", st_model, "-o", "-", "--output-format", "jsonl", "--shard-rows", 100, "-q",
+            *ray_flags(driver))
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["id"] for row in rows] == vectors(local)[0]
+    assert np.abs(np.asarray([row["embedding"] for row in rows]) - vectors(local)[1]).max() <= 1e-6
+
+
+def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path, corpus: Path, tmp_path: Path,
+                                                            driver, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The local engine's manifest records read points as this one's: the rest is planned from the last one."""
+    from embedcli.compute.runner import Runner
+
+    real = Runner.map
+
+    def stop_after_three(self, batches):  # type: ignore[no-untyped-def]
+        for i, result in enumerate(real(self, batches)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield result
 
     out = tmp_path / "o.parquet"
-    real = ray_engine.RayRunner._get
-    calls = [0]
-
-    def stop_after_two(self, ray_mod, ref):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        if calls[0] > 4:  # two batches of two pieces
-            raise KeyboardInterrupt
-        return real(self, ray_mod, ref)
-
-    monkeypatch.setattr(ray_engine.RayRunner, "_get", stop_after_two)
-    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", *RAY, code=130)
-    monkeypatch.setattr(ray_engine.RayRunner, "_get", real)
+    monkeypatch.setattr(Runner, "map", stop_after_three)
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", code=130)
+    monkeypatch.setattr(Runner, "map", real)
     assert not out.exists()
     manifest = json.loads((tmp_path / "o.parquet.embedcli-staging" / "_embedcli" / "manifest.json").read_text())
-    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", "--stats", tmp_path / "s.json", *RAY)
+    cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 50, "-q", "--stats", tmp_path / "s.json", *ray_flags(driver))
     stats = json.loads((tmp_path / "s.json").read_text())
     resumed = stats["resumed_rows"]  # whole commits (of 50 rows or more: pools of whole blocks), from the manifest
     assert resumed == manifest["records_done"] >= 50 and stats["computed_rows"] == ROWS - resumed
     assert stats["rows_read"] == ROWS - resumed  # the committed rows are not read again
     local = tmp_path / "local.parquet"
-    cli("embed", corpus, "-m", st_model, "-o", local, "--shard-rows", 50, "-q")
+    cli("embed", corpus, "-m", st_model, "-o", local, "-q")
     assert vectors(out)[0] == vectors(local)[0]
     assert np.abs(vectors(out)[1] - vectors(local)[1]).max() <= 1e-6
 
@@ -132,4 +194,3 @@ def test_embed_dataset_keeps_bad_rows_as_error_records(st_model: Path, tiny_load
     got = np.stack([np.asarray(rows[i]["embedding"], dtype=np.float32) for i in good])
     assert np.abs(got - expected).max() <= 1e-6
     assert all(rows[i][ERROR_COL] is None for i in good)
-

@@ -16,12 +16,9 @@ RAY = ("--engine", "ray", "--workers", 2)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster():  # type: ignore[no-untyped-def]
-    import logging
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    yield
-    ray.shutdown()
+def driver(ray_driver):  # type: ignore[no-untyped-def]
+    """The in-process CLI runs of this module drive the session's two-node cluster."""
+    return ray_driver
 
 
 @pytest.fixture(scope="module")

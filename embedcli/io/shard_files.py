@@ -1,0 +1,157 @@
+"""One shard's files, written where the rows are computed: a worker of the Ray Data engine writes its slice's
+rows, row keys and bad rows here, and the run's driver commits them by naming them in the manifest
+(`ShardStore.adopt`). This is the one place a worker writes an output; an object store goes here later.
+
+Files (in the staging directory `root`, each written to a fresh temp name and renamed into place, so a
+retried slice replaces its own files whole):
+
+    slice-NNNNNN.parquet                   the rows (the run's Parquet settings and metadata)
+    _embedcli/slice-NNNNNN.index.parquet   their row index (`INDEX_SCHEMA`: row keys, id hashes, blocks)
+    _embedcli/slice-NNNNNN.errors.jsonl    the slice's bad rows
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedcli.io.commit import close_synced, create_temp, unlink_quiet, write_atomic
+from embedcli.io.manifest import META_DIR
+from embedcli.io.shards import INDEX_SCHEMA, WrittenShard, conform_table
+from embedcli.io.writers import dictionary_columns, statistics_columns
+
+
+def slice_names(number: int) -> tuple[str, str, str]:
+    """(data, index, errors) file names of slice `number`, relative to the staging directory."""
+    stem = f"slice-{number:06d}"
+    return f"{stem}.parquet", f"{META_DIR}/{stem}.index.parquet", f"{META_DIR}/{stem}.errors.jsonl"
+
+
+class ShardWriter:
+    """Writes one slice's rows, row keys and bad rows under `root` (see the module docstring)."""
+
+    def __init__(self, root: str, number: int, meta: Mapping[str, str]) -> None:
+        self.root = root
+        self.names = slice_names(number)
+        self.meta = dict(meta)
+        self.schema: pa.Schema | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._file: IO[bytes] | None = None
+        self._tmp: str | None = None
+        self._index: list[pa.Table] = []
+        self._errors: list[dict[str, Any]] = []
+        self.rows = 0
+        self.indexed = True
+
+    def write(self, table: pa.Table, index: pa.Table | None) -> None:
+        """Append rows (and their row index, or None when rows are not one per input record)."""
+        table = conform_table(table, self.schema)
+        if self.schema is None:
+            self.schema = table.schema.remove_metadata()
+        if self._writer is None:
+            self._tmp, self._file = create_temp(os.path.join(self.root, self.names[0]))
+            schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
+            self._writer = pq.ParquetWriter(
+                self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema),
+                write_statistics=statistics_columns(schema),
+            )
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+        if index is None:
+            self.indexed = False
+        elif self.indexed:
+            self._index.append(index)
+
+    def add_errors(self, records: Iterable[dict[str, Any]]) -> None:
+        """Bad rows of the slice."""
+        self._errors.extend(records)
+
+    def finish(self) -> WrittenShard:
+        """Close and rename the slice's files into place."""
+        data, index, errors = self.names
+        written_data = written_index = written_errors = None
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            writer.close()
+            file, self._file = self._file, None
+            assert file is not None and self._tmp is not None
+            close_synced(file)
+            os.replace(self._tmp, os.path.join(self.root, data))
+            self._tmp = None
+            written_data = data
+        if self.indexed and self.rows:
+            index_table = pa.concat_tables(self._index).cast(INDEX_SCHEMA) if self._index else INDEX_SCHEMA.empty_table()
+            if index_table.num_rows == self.rows:
+                sink = pa.BufferOutputStream()
+                pq.write_table(index_table, sink, compression="zstd", use_dictionary=False, write_statistics=False)
+                write_atomic(os.path.join(self.root, index), sink.getvalue().to_pybytes())
+                written_index = index
+            else:
+                self.indexed = False
+        if self._errors:
+            lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._errors)
+            write_atomic(os.path.join(self.root, errors), lines.encode("utf-8"))
+            written_errors = errors
+        return WrittenShard(written_data, written_index, written_errors, self.rows, len(self._errors), self.indexed)
+
+    def abort(self) -> None:
+        """Drop what was written (the slice is recomputed by a later run)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        unlink_quiet(self._tmp)
+        self._tmp = None
+
+
+def drop_rows(
+    root: str, number: int, written: WrittenShard, rows: np.ndarray, records: list[dict[str, Any]]
+) -> WrittenShard:
+    """Slice `number`'s `written` files without rows `rows` (positions), `records` added to its bad rows: a slice whose
+    rows repeat ids that an earlier slice committed (`--on-error skip`). Each file is rewritten whole."""
+    keep = np.ones(written.rows, dtype=bool)
+    keep[rows] = False
+    take = pa.array(np.flatnonzero(keep))
+    data, index, errors = written.file, written.index, written.errors_file
+    if data is not None:
+        path = os.path.join(root, data)
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
+        table = pf.read().take(take)
+        pf.close()
+        tmp, file = create_temp(path)
+        try:
+            with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=dictionary_columns(schema)) as w:
+                w.write_table(table)
+            close_synced(file)
+        except BaseException:
+            file.close()
+            unlink_quiet(tmp)
+            raise
+        os.replace(tmp, path)
+    if index is not None:
+        path = os.path.join(root, index)
+        keys = pq.read_table(path).take(take)
+        sink = pa.BufferOutputStream()
+        pq.write_table(keys, sink, compression="zstd", use_dictionary=False)
+        write_atomic(path, sink.getvalue().to_pybytes())
+    if records:
+        errors = errors or slice_names(number)[2]
+        path = os.path.join(root, errors)
+        before = b""
+        if written.errors_file is not None:
+            with open(path, "rb") as f:
+                before = f.read()
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        write_atomic(path, before + lines.encode("utf-8"))
+    return WrittenShard(data, index, errors, int(keep.sum()), written.errors + len(records), written.indexed)
