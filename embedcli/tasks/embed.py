@@ -20,6 +20,7 @@ from embedcli.io.manifest import (
     index_sidecar,
     output_metadata,
 )
+from embedcli.io.stores.url import is_store_url
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.models.spec import ModelSpec
 from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
@@ -162,6 +163,11 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
             f"--precision {quant.precision} takes its ranges from the whole output, which --incremental and "
             "--shards-dir cannot see at once; pass --calibration FILE (e.g. an earlier float32 or "
             f"{quant.precision} output) so every row is quantized with the same ranges"
+        )
+    if is_store_url(job.target.path):
+        raise UsageError(
+            f"--precision {quant.precision} takes its ranges from the whole output, which a store output does not "
+            "see at once; pass --calibration FILE (e.g. an earlier float32 output) to write it to a store"
         )
     if job.target.path == "-":  # stdout: nothing to resume; spool in a temporary folder
         spool_dir = tempfile.mkdtemp(prefix=".embedcli-spool-")
