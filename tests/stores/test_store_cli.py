@@ -79,6 +79,16 @@ def test_embed_into_a_store_then_incremental_then_another_model(
     again = cli("embed", corpus, "-m", st_model, "-o", url, "--keep-cols", "tag")
     assert "already complete" in again.stderr
 
+    queries = _write(tmp_path / "q.jsonl", [{"id": "q1", "text": "row 5 says"}, {"id": "q2", "text": "row 12"}])
+    search = ["search", "--queries", queries, "--top-k", "5", "--keep-cols", "tag", "-q"]
+    cli(*search[:1], tmp_path / "full.parquet", *search[1:], "-o", tmp_path / "want.jsonl")
+    if url.startswith("lancedb://"):  # search reads the table as it reads the vectors file
+        cli(*search[:1], url, *search[1:], "-o", tmp_path / "got.jsonl")
+        assert (tmp_path / "got.jsonl").read_text() == (tmp_path / "want.jsonl").read_text()
+    else:
+        refused = cli(*search[:1], url, *search[1:], "-o", tmp_path / "got.jsonl", code=2)
+        assert "pgvector" in refused.stderr
+
     edited = _write(tmp_path / "c2.jsonl", _edited(_rows()))
     stats = tmp_path / "stats.json"
     cli("embed", edited, "-m", st_model, "-o", url, "--keep-cols", "tag", "--incremental", "-q", "--stats", stats)
