@@ -145,14 +145,15 @@ def _refuse_other(p: Pipeline, store: Store, existing: dict[str, str]) -> None:
 
 def run_store(p: Pipeline) -> int:
     """Run pipeline `p` into its store (see the module docstring); returns the exit code."""
+    schema = store_schema(p)  # a command whose rows a store cannot take is refused before the store is opened
     store = open_store(p.output.path)
     try:
-        return _run(p, store)
+        return _run(p, store, schema)
     finally:
         store.close()
 
 
-def _run(p: Pipeline, store: Store) -> int:
+def _run(p: Pipeline, store: Store, schema: StoreSchema) -> int:
     flags, report = p.flags, p.report
     existing = store.metadata()
     point = store.resume_point() if existing is not None else None
@@ -166,7 +167,6 @@ def _run(p: Pipeline, store: Store) -> int:
     resuming = (existing is not None and not flags.overwrite and point is not None and bool(p.job_key)
                 and point.job_key == p.job_key and point.records_done > 0)
     keep = existing is not None and not flags.overwrite and (flags.incremental or resuming)
-    schema = store_schema(p)
     p.start_engine()
     store.begin(schema, p.base_meta, replace=existing is not None and not keep)
     present = PresentRows(store.present(), schema.id_type) if keep else None
