@@ -91,7 +91,8 @@ class WholeOutput:
         self.options = dict(options)
         path = job.target.path
         self.stdout = path == STDIN
-        files = [] if any(p == STDIN for p in job.inputs) else expand_paths(list(job.inputs))
+        reads_stdin = any(p == STDIN for p in job.inputs)
+        files = [] if reads_stdin or not job.inputs else expand_paths(list(job.inputs))
         self.fingerprints = None if len(files) != len(job.inputs) else input_fingerprints(files)
         if self.fingerprints is not None:
             self.fingerprints = [*tables, *self.fingerprints]
