@@ -101,6 +101,9 @@ def test_embed_into_a_store_then_incremental_then_another_model(
     assert "different config" in other.stderr and "-m/--model" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
     _assert_store_equals(url, _parquet_rows(tmp_path / "fresh.parquet"))  # untouched
+    cli("embed", edited, "-m", tiny_model("mpnet-st"), "-o", url, "--keep-cols", "tag", "--overwrite", "-q")
+    cli("embed", edited, "-m", tiny_model("mpnet-st"), "-o", tmp_path / "other.parquet", "--keep-cols", "tag", "-q")
+    _assert_store_equals(url, _parquet_rows(tmp_path / "other.parquet"))  # --overwrite: the table replaced
 
 
 @pytest.mark.parametrize(("flags", "says"), [
@@ -127,6 +130,7 @@ KILLS = [
     ("postgres", f"after:{PG}._copy:3"),  # mid-batch: rows sent, not committed
     ("postgres", f"after:{PG}._save_point:2"),  # inside a commit: its resume point written, before COMMIT
     ("postgres", f"after:{PG}._index:1"),  # the final step
+    ("lance", f"before:{LANCE}._merge:3"),  # mid-run: rows held, not written
     ("lance", f"after:{LANCE}._merge:2"),  # inside a commit: rows upserted, resume point not yet
     ("lance", "after:lancedb.table:LanceTable.optimize:1"),  # the final step
 ]
