@@ -113,6 +113,9 @@ def run_embed(
     check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     if embed.outputs != ("dense",):
+        if is_store_url(output.path):
+            raise UsageError(f"--outputs {','.join(embed.outputs)}: a store table takes dense vectors only; "
+                             "write the hybrid outputs to a .parquet file")
         return run_hybrid(inputs, choice, embed, output, flags, spec)
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,

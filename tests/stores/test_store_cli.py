@@ -111,6 +111,8 @@ def test_embed_into_a_store_then_incremental_then_another_model(
     (["--incremental", "--previous", "old.parquet"], "--previous"),
     (["--output-format", "jsonl"], "--output-format"),
     (["--shards-dir"], "--shards-dir"),
+    (["--outputs", "dense,sparse"], "dense vectors only"),
+    (["--precision", "int8"], "--calibration"),
 ])
 def test_flags_a_store_cannot_honour_exit_2_in_one_line(
     cli: Callable[..., Any], st_model: Path, tmp_path: Path, flags: list[str], says: str
