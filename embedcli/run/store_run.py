@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from embedcli.errors import EXIT_OK, EXIT_SKIPPED, UsageError
+from embedcli.errors import EXIT_OK, EXIT_SKIPPED, InputError, UsageError
 from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_ROWS, KEY_SKIPPED
 from embedcli.io.shards import RowsOut, keys_numpy, row_keys
 from embedcli.io.stores import ResumePoint, Store, StoreSchema, open_store
@@ -119,9 +119,34 @@ class StoreSink:
         self.store.finish(self.point(records_end, complete=True))
 
 
+def _first_types(p: Pipeline) -> dict[str, pa.DataType]:
+    """The id and kept columns' types as the first rows give them (JSONL: integers are int64, as a file output
+    types them), read once more here; nothing for an input read only once (stdin, a pipe) or a bad first row."""
+    source = p.source
+    if source is None or p.fingerprints is None:
+        return {}
+    reader = source.open(p.paths, batch_rows=256, on_bad_row=lambda _: None)
+    try:
+        batch = next(reader, None)
+    except (InputError, OSError, pa.ArrowException):
+        return {}  # the loop reports it, with its row
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+    if batch is None or not len(batch):
+        return {}
+    columns = {"id": id_column(batch), **kept_columns(batch, source.inputs.keep_cols)}
+    return {name: a.type for name, a in columns.items() if not pa.types.is_null(a.type)}
+
+
 def store_schema(p: Pipeline) -> StoreSchema:
-    """The rows the job writes into a store: its empty output's columns, in the output precision."""
+    """The rows the job writes into a store: its empty output's columns (typed as its first rows type them), in
+    the output precision."""
     empty = p.empty_output().schema
+    for name, typ in _first_types(p).items():
+        if name in empty.names:
+            empty = empty.set(empty.get_field_index(name), pa.field(name, typ))
     if "embedding" not in empty.names or not pa.types.is_fixed_size_list(empty.field("embedding").type):
         raise UsageError(f"-o {p.output.path}: a store takes embed's vectors; write this command's rows to a file")
     quant = p.meta.get(METADATA_KEY)

@@ -26,7 +26,7 @@ N = 40
 
 
 def _rows(n: int = N) -> list[dict[str, Any]]:
-    return [{"id": f"d{i}", "text": f"row {i} says {'x ' * (i % 7)}", "tag": f"t{i % 3}"} for i in range(n)]
+    return [{"id": f"d{i}", "text": f"row {i} says {'x ' * (i % 7)}", "tag": i % 3} for i in range(n)]
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -40,7 +40,7 @@ def _edited(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in out:
         if r["id"] in ("d3", "d11"):
             r["text"] += " (edited)"
-    return [*out, {"id": "n1", "text": "a new row", "tag": "t9"}, {"id": "n2", "text": "another new row", "tag": "t9"}]
+    return [*out, {"id": "n1", "text": "a new row", "tag": 9}, {"id": "n2", "text": "another new row", "tag": 9}]
 
 
 def _parquet_rows(path: Path) -> dict[str, dict[str, Any]]:
@@ -54,7 +54,7 @@ def _assert_store_equals(url: str, want: dict[str, dict[str, Any]]) -> None:
     got = read_back(url)  # asserts no duplicate id
     assert sorted(got) == sorted(want)
     for rid, w in want.items():
-        assert got[rid]["tag"] == w["tag"], rid
+        assert got[rid]["tag"] == w["tag"] and type(got[rid]["tag"]) is type(w["tag"]), rid  # typed as the file
         np.testing.assert_allclose(np.asarray(got[rid]["embedding"], np.float64), w["embedding"], atol=1e-6, rtol=0)
 
 
@@ -138,7 +138,7 @@ KILLS = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "step"), KILLS, ids=[f"{k}-{s.split(':')[2]}" for k, s in KILLS])
+@pytest.mark.parametrize(("kind", "step"), KILLS, ids=[f"{k}-{s.split(':')[0]}-{s.split(':')[2]}" for k, s in KILLS])
 def test_kill_9_mid_run_then_rerun_loses_and_repeats_nothing(
     cli: Callable[..., Any], st_model: Path, tmp_path: Path, kind: str, step: str,
     pg_url: Callable[..., str], lance_url: Callable[[], str],
