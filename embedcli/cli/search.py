@@ -27,7 +27,7 @@ from embedcli.cli.options import (
     "--rescore 8 -o hits.parquet[/bold]",
 )
 def search(
-    vectors: str = typer.Argument(..., help="A Parquet file written by embedcli embed (or its s3:// gs:// hf:// URL).", show_default=False),
+    vectors: str = typer.Argument(..., help="A Parquet file written by embedcli embed (or its s3:// gs:// hf:// URL), or its lancedb://DIR/TABLE.", show_default=False),
     query: str | None = typer.Option(None, "--query", rich_help_panel=INPUT, help="One query text."),
     queries: str | None = typer.Option(
         None, "--queries", envvar=env("queries"), rich_help_panel=INPUT,

@@ -57,8 +57,8 @@ class SliceEngine(Engine, Protocol):
 
 @runtime_checkable
 class Sink(Protocol):
-    """Where the loop writes committed rows: `embedcli.io.shards.ShardStore` (staged, resumable) or
-    `embedcli.run.sinks.StdoutSink` (`-o -`)."""
+    """Where the loop writes committed rows: `embedcli.io.shards.ShardStore` (staged, resumable),
+    `embedcli.run.sinks.StdoutSink` (`-o -`) or `embedcli.run.store_run.StoreSink` (a LanceDB / Postgres table)."""
 
     def write(self, out: Any) -> None: ...  # an embedcli.io.shards.RowsOut
 

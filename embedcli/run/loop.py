@@ -54,6 +54,7 @@ from embedcli.run.sinks import StdoutSink
 from embedcli.run.sliced import run_sliced
 from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
+from embedcli.run.store_run import run_store
 from embedcli.run.target import check_target, resolve_output
 
 # A reader's batch spans at most this many times a batch's rows in records (rows carried over unread count),
@@ -129,6 +130,8 @@ class Pipeline:
         try:
             if self.output.mode == "stdout":
                 code = self._run_stdout()
+            elif self.output.mode == "store":
+                code = run_store(self)
             else:
                 code = run_staged(self)
             self.report.exit_code = code
@@ -155,7 +158,7 @@ class Pipeline:
                 self.note("an input is stdin, a pipe or a FIFO, read once: this run cannot resume if interrupted")
             options = self.source.options()
             self.report.total = self.source.total_rows(self.paths)
-        fmt = self.output.fmt if self.output.mode != "dir" else "parquet-dir"
+        fmt = self.output.fmt if self.output.mode != "dir" else "parquet-dir"  # a store: "lancedb" / "postgresql"
         self.cfg_key = config_key(self.meta, options, fmt)
         self.job_key = job_key(self.cfg_key, fingerprints)
         self.fingerprints = fingerprints

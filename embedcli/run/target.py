@@ -11,6 +11,7 @@ from embedcli.io.commit import check_read_only
 from embedcli.io.location import refuse_url
 from embedcli.io.manifest import manifest_path, strip_slash
 from embedcli.io.readers import expand_paths
+from embedcli.io.stores.url import LANCE_SCHEME, is_store_url, parse_lance, parse_postgres, redact
 from embedcli.io.writers import check_output_path, output_format
 from embedcli.run.flags import RunFlags
 from embedcli.run.paths import check_no_clobber, check_side_file
@@ -18,7 +19,8 @@ from embedcli.run.paths import check_no_clobber, check_side_file
 
 @dataclass(frozen=True)
 class Output:
-    """A resolved `-o`: mode "stdout" | "file" | "dir", the path (absolute for a directory) and its format."""
+    """A resolved `-o`: mode "stdout" | "file" | "dir" | "store", the path (absolute for a directory; the URL of a
+    store) and its format ("lancedb" / "postgresql" for a store)."""
 
     mode: str
     path: str
@@ -39,13 +41,20 @@ def is_shard_dir(path: str, flags: RunFlags) -> bool:
 def check_target(path: str, flags: RunFlags, inputs: Sequence[str] = (), stats_file: str | None = None) -> None:
     """Before any work (a command calls this before loading its model): InputError for an input path or
     pattern that names no file; OutputError unless `-o path`, `--stats` and `--errors-file` can be written;
-    UsageError when one of them is an input or another, or a URL (outputs are local files until stores take them)."""
-    refuse_url("-o", path, "a local path, or - for stdout")
+    UsageError when one of them is an input or another, or a URL other than a store's (`lancedb://`, `postgresql://`)."""
+    if is_store_url(path):
+        check_store_target(path, flags)
+    else:
+        refuse_url("-o", path, "a local path, - for stdout, or a store (lancedb://DIR/TABLE, postgresql://...?table=NAME)")
     refuse_url("--stats", stats_file)
     refuse_url("--errors-file", flags.errors_file)
     refuse_url("--previous", flags.previous, "the local path of the previous output")
     if inputs:
-        expand_paths(inputs)  # a missing input is said before a first `auto` run loads and probes the model
+        expand_paths(inputs)
+    if is_store_url(path):
+        check_side_file("--stats", stats_file)
+        check_side_file("--errors-file", flags.errors_file)
+        return  # a missing input is said before a first `auto` run loads and probes the model
     as_dir = is_shard_dir(path, flags)
     check_read_only(path)
     check_output_path(path, as_dir=as_dir)
@@ -55,8 +64,29 @@ def check_target(path: str, flags: RunFlags, inputs: Sequence[str] = (), stats_f
     check_no_clobber(inputs, path, output_is_dir=as_dir, writes=writes)
 
 
+def check_store_target(url: str, flags: RunFlags, fmt: str | None = None) -> None:
+    """UsageError (exit 2, one line) for a store URL that does not parse, or flags a store cannot honour."""
+    shown = redact(url)
+    if url.startswith(LANCE_SCHEME):
+        parse_lance(url)
+    else:
+        parse_postgres(url)
+    refused = [
+        ("--shard", flags.shard is not None, "write each slice to its own file and merge them, then load the merge"),
+        ("--shards-dir", flags.shards_dir, "a store is one table"),
+        ("--previous", flags.previous is not None, "--incremental compares the input with the table itself"),
+        ("--output-format", fmt is not None, "a store has its own format"),
+    ]
+    for flag, given, why in refused:
+        if given:
+            raise UsageError(f"-o {shown}: a store output does not take {flag} ({why})")
+
+
 def resolve_output(path: str, fmt: str | None, flags: RunFlags) -> Output:
     """The `Output` of `-o path` under `flags`; UsageError / OutputError when it cannot be one."""
+    if is_store_url(path):
+        check_store_target(path, flags, fmt)
+        return Output("store", path, "lancedb" if path.startswith(LANCE_SCHEME) else "postgresql")
     if path == STDIN:
         if flags.shards_dir:
             raise UsageError("--shards-dir needs a directory for -o, not - (stdout)")

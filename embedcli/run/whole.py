@@ -41,6 +41,7 @@ from embedcli.io.manifest import (
 )
 from embedcli.io.readers import expand_paths
 from embedcli.io.shards import clear_dir, output_key_for, remove_tmp_files
+from embedcli.io.stores.url import is_store_url, redact
 from embedcli.io.writers import open_writer, output_format
 from embedcli.run.flags import RunFlags
 from embedcli.run.incremental import describe_config_change
@@ -70,6 +71,8 @@ class WholeJob:
 
 def check_whole(job: WholeJob) -> None:
     """Before any work: the paths `check_target` checks for every command, and one file (not a directory)."""
+    if is_store_url(job.target.path):
+        raise UsageError(f"{job.command} writes one file; -o {redact(job.target.path)} names a store table")
     if is_shard_dir(job.target.path, job.flags):
         raise UsageError(f"{job.command} writes one file; -o {job.target.path} names a directory of shards")
     check_target(job.target.path, job.flags, list(job.inputs), job.reporting.stats_file)
@@ -79,15 +82,20 @@ class WholeOutput:
     """The output of a `WholeJob` with its provenance `meta` and `options`: `settle`, then `publish`."""
 
     def __init__(
-        self, job: WholeJob, meta: dict[str, str], options: dict[str, Any], key_format: str | None = None
+        self, job: WholeJob, meta: dict[str, str], options: dict[str, Any], key_format: str | None = None,
+        tables: Sequence[dict[str, Any]] = (),
     ) -> None:
+        """`tables`: the fingerprints of inputs that are store tables (their URL and version), not files."""
         self.job = job
         self.meta = dict(meta)
         self.options = dict(options)
         path = job.target.path
         self.stdout = path == STDIN
-        files = [] if any(p == STDIN for p in job.inputs) else expand_paths(list(job.inputs))
+        reads_stdin = any(p == STDIN for p in job.inputs)
+        files = [] if reads_stdin or not job.inputs else expand_paths(list(job.inputs))
         self.fingerprints = None if len(files) != len(job.inputs) else input_fingerprints(files)
+        if self.fingerprints is not None:
+            self.fingerprints = [*tables, *self.fingerprints]
         # `key_format`: the format the config key names, where a command keyed its outputs otherwise before
         self.cfg_key = config_key(self.meta, self.options, key_format or job.fmt)
         self.job_key = job_key(self.cfg_key, self.fingerprints)

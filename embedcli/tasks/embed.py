@@ -20,6 +20,7 @@ from embedcli.io.manifest import (
     index_sidecar,
     output_metadata,
 )
+from embedcli.io.stores.url import is_store_url
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.models.spec import ModelSpec
 from embedcli.quantize import Quantizer, make_quantizer, merge_ranges, ranges_of
@@ -112,6 +113,9 @@ def run_embed(
     check_head(BatchSource(inputs), flags)  # said before the model loads
     spec = load_spec(choice)  # resolved (and its weight files hashed) once per run
     if embed.outputs != ("dense",):
+        if is_store_url(output.path):
+            raise UsageError(f"--outputs {','.join(embed.outputs)}: a store table takes dense vectors only; "
+                             "write the hybrid outputs to a .parquet file")
         return run_hybrid(inputs, choice, embed, output, flags, spec)
     recipe = embed_recipe(
         spec, choice.options(), max_batch_tokens=embed.max_batch_tokens, normalize=embed.normalize,
@@ -162,6 +166,11 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
             f"--precision {quant.precision} takes its ranges from the whole output, which --incremental and "
             "--shards-dir cannot see at once; pass --calibration FILE (e.g. an earlier float32 or "
             f"{quant.precision} output) so every row is quantized with the same ranges"
+        )
+    if is_store_url(job.target.path):
+        raise UsageError(
+            f"--precision {quant.precision} takes its ranges from the whole output, which a store output does not "
+            "see at once; pass --calibration FILE (e.g. an earlier float32 output) to write it to a store"
         )
     if job.target.path == "-":  # stdout: nothing to resume; spool in a temporary folder
         spool_dir = tempfile.mkdtemp(prefix=".embedcli-spool-")

@@ -30,10 +30,18 @@ from embedcli.errors import EXIT_OK, ModelNotFoundError, UsageError
 from embedcli.io.location import is_object_file, is_url, local_path
 from embedcli.io.manifest import output_metadata
 from embedcli.io.parquet_source import read_schema, schema_metadata
+from embedcli.io.stores.url import LANCE_SCHEME, POSTGRES_SCHEMES, redact
 from embedcli.io.writers import output_format
 from embedcli.models.spec import ModelSpec, load_model_spec
 from embedcli.quantize import output_width
-from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks, take_rows, usable_rows
+from embedcli.retrieval import (
+    SearchSpace,
+    parquet_vector_blocks,
+    search_blocks,
+    take_rows,
+    usable_rows,
+    vector_block,
+)
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Reporting, Target
 from embedcli.run.source import refuse_shadowing
@@ -72,10 +80,19 @@ class VectorsProvenance:
     ranges: np.ndarray | None
     width: int
     id_field: Any
+    names: tuple[str, ...] = ()
+    table: Any = None  # a LanceDB table (`embedcli.io.stores.lance.LanceVectors`), pinned at its version
 
     @classmethod
     def read(cls, path: str) -> VectorsProvenance:
-        """The provenance of an `embedcli embed` Parquet output; UsageError when it is not one."""
+        """The provenance of an `embedcli embed` Parquet output or LanceDB table; UsageError when it is not one."""
+        table = None
+        if path.startswith(LANCE_SCHEME):
+            from embedcli.io.stores.lance import LanceVectors
+
+            table = LanceVectors(path)
+            schema, meta = table.schema, table.metadata
+            return cls._of(path, schema, meta, table)
         path = local_path(path)  # file:///abs/v.parquet is the local file
         if is_url(path):
             if not is_object_file(path):
@@ -89,6 +106,10 @@ class VectorsProvenance:
         except (pa.ArrowException, OSError) as e:
             raise UsageError(f"{path}: not a Parquet file ({e}); search reads the Parquet output of embedcli embed") from e
         meta = (output_metadata(path, "parquet") if not is_url(path) else schema_metadata(schema)) or {}
+        return cls._of(path, schema, meta, table)
+
+    @classmethod
+    def _of(cls, path: str, schema: pa.Schema, meta: dict[str, str], table: Any) -> VectorsProvenance:
         if "embedcli.config" not in meta or "embedcli.model" not in meta:
             raise UsageError(f"{path}: no embedcli provenance (embedcli.model, embedcli.config); "
                              "search reads vectors written by embedcli embed")
@@ -107,7 +128,27 @@ class VectorsProvenance:
         if precision in ("int8", "uint8") and ranges is None:
             raise UsageError(f"{path}: {precision} vectors without stored ranges (embedcli.quantization) cannot be searched")
         return cls(path, meta["embedcli.model"], meta.get("embedcli.model_hash", ""), config, precision, ranges,
-                   vec.list_size, schema.field("id"))
+                   vec.list_size, schema.field("id"), tuple(schema.names), table)
+
+    def vector_blocks(self, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """`([b, width], valid)` blocks of the stored vectors, rows numbered from 0 in this order."""
+        if self.table is None:
+            yield from parquet_vector_blocks(self.path, block_rows)
+            return
+        for batch in self.table.blocks(["embedding"], block_rows):
+            yield vector_block(batch.column(0))
+
+    def take(self, rows: np.ndarray, columns: list[str], block_rows: int) -> pa.Table:
+        """`columns` of the rows numbered as `vector_blocks` numbers them, in that order."""
+        if self.table is None:
+            return take_rows(self.path, rows, columns, block_rows)
+        return self.table.take(rows, columns)
+
+    def fingerprint(self) -> list[dict[str, Any]]:
+        """A table's fingerprint as an input of the search (its URL and version); none for a file (an input)."""
+        if self.table is None:
+            return []
+        return [{"path": self.path, "version": int(self.table.table.version), "rows": self.table.rows}]
 
 
 def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> ModelSpec:
@@ -187,13 +228,13 @@ def search_file(prov: VectorsProvenance, vectors: np.ndarray, query_ids: list[st
     unusable = [0]
 
     def blocks() -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-        for block, valid in parquet_vector_blocks(prov.path, opts.block_rows):
+        for block, valid in prov.vector_blocks(opts.block_rows):
             unusable[0] += len(block) - int(usable_rows(block, valid).sum())
             yield block, valid
 
     rescore = rescore_of(prov.precision, opts.rescore_multiplier)
     scores, rows = search_blocks(vectors, blocks(), opts.top_k, space, rescore_multiplier=rescore)
-    hits = take_rows(prov.path, rows.reshape(-1), ["id", *opts.keep_cols], opts.block_rows)
+    hits = prov.take(rows.reshape(-1), ["id", *opts.keep_cols], opts.block_rows)
     columns = hit_columns(query_ids, scores, hits.column("id"))
     for c in opts.keep_cols:
         columns[c] = hits.column(c)
@@ -226,7 +267,7 @@ def check_search_options(opts: SearchOptions) -> None:
 
 def check_kept(prov: VectorsProvenance, keep_cols: list[str]) -> None:
     """UsageError naming the `--keep-cols` columns the vectors file does not have."""
-    names = read_schema(prov.path).names
+    names = list(prov.names)
     missing = [c for c in keep_cols if c not in names]
     if missing:
         raise UsageError(f"--keep-cols {','.join(missing)}: not in {prov.path} (columns: {', '.join(names)})")
@@ -236,10 +277,15 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
     """`embedcli search`: rows `query_id, rank, id, score` (+ kept columns), best first per query."""
     started = time.perf_counter()
     check_search_options(opts)
+    if opts.vectors.startswith(POSTGRES_SCHEMES):
+        raise UsageError(f"{redact(opts.vectors)}: search reads Parquet files and LanceDB tables; search a Postgres "
+                         "table with pgvector's own operators (ORDER BY embedding <=> query)")
     if output_format(output.path, output.fmt) == "npy":
         raise UsageError(f"-o {output.path}: search writes rows (query_id, rank, id, score): use .parquet or .jsonl")
     refuse_shadowing(HIT_COLUMNS, opts.keep_cols)
-    whole = WholeJob(Target(output.path, output.fmt), [opts.vectors, *([opts.queries] if opts.queries else [])],
+    store = opts.vectors.startswith(LANCE_SCHEME)  # a LanceDB table: fingerprinted by its version, not as a file
+    inputs = [*([] if store else [opts.vectors]), *([opts.queries] if opts.queries else [])]
+    whole = WholeJob(Target(output.path, output.fmt), inputs,
                      flags or RunFlags(), Reporting(output.quiet, output.stats_file), "search")
     check_whole(whole)  # -o against the vectors and the queries, before anything is read
     prov = VectorsProvenance.read(opts.vectors)
@@ -267,7 +313,7 @@ def run_search(opts: SearchOptions, choice: ModelChoice, output: OutputOptions, 
         }),
     }
     options = {"keep_cols": list(opts.keep_cols), "query_col": opts.query_col, "query_id_col": opts.query_id_col}
-    out = WholeOutput(whole, meta, options)
+    out = WholeOutput(whole, meta, options, tables=prov.fingerprint())
     done = out.settle()  # an output made otherwise is refused (exit 2) before the model loads
     if done is not None:
         return done

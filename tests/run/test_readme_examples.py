@@ -76,3 +76,41 @@ def test_nightly_cron_script_runs_as_written(st_model: Path, tmp_path: Path) -> 
     assert first["computed_rows"] == 20 and second["computed_rows"] == 2
     assert (tmp_path / "bad-rows.jsonl").read_text().count("\n") == 1
     assert second["carried_rows"] == 20
+
+
+def test_nightly_store_script_runs_as_written(st_model: Path, tmp_path: Path) -> None:
+    pytest.importorskip("lancedb", reason="lancedb is not installed: pip install -e '.[test,lancedb]'")
+    from tests.stores.store_helpers import read_back
+
+    script = tmp_path / "nightly-store.sh"
+    script.write_text(readme_block("sh", "nightly-store.sh"), encoding="utf-8")
+    script.chmod(0o755)
+    (tmp_path / "corpus").mkdir()
+    rows = [{**r, "id": f"doc-{i}"} for i, r in enumerate(corpus_rows(20))]
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", rows)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "embedcli").write_text(f'#!/bin/sh\nexec {shutil.which(sys.executable) or sys.executable} -m embedcli "$@"\n')
+    (bindir / "embedcli").chmod(0o755)
+    env = {**subprocess_env(), "EMBEDCLI_MODEL": str(st_model), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    url = f"lancedb://{tmp_path}/index/docs"
+
+    def night() -> dict:
+        done = subprocess.run(["/bin/sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "top5.jsonl").read_text().count("\n") == 5
+        return json.loads((tmp_path / "stats.json").read_text())
+
+    first = night()
+    assert sorted(read_back(url)) == sorted(r["id"] for r in rows)
+    # Tomorrow: one row gone, one edited, two new rows and one bad line.
+    rows = [r for r in rows if r["id"] != "doc-4"]
+    rows[0] = {**rows[0], "text": rows[0]["text"] + " (updated)"}
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", rows)
+    with (tmp_path / "corpus" / "a.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"id": "new1", "text": "fresh news"}\n{"id": "new2", "text": "more news"}\n{not json\n')
+    second = night()
+    assert sorted(read_back(url)) == sorted([r["id"] for r in rows] + ["new1", "new2"])
+    assert first["computed_rows"] == 20 and second["computed_rows"] == 3 and second["carried_rows"] == 18
+    assert (tmp_path / "bad-rows.jsonl").read_text().count("\n") == 1

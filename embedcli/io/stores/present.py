@@ -9,7 +9,6 @@ from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from embedcli.io.shards import KEY_WIDTH
 
@@ -37,6 +36,8 @@ class PresentRows:
         n = len(ids)
         if not len(self.ids) or not n:
             return np.zeros(n, dtype=bool)
+        import pyarrow.compute as pc  # here: a run writing files imports this module but never matches
+
         pos = pc.index_in(ids.cast(self.id_type), value_set=self.ids).to_numpy(zero_copy_only=False)
         found = ~np.isnan(pos) if pos.dtype.kind == "f" else np.ones(n, dtype=bool)
         at = np.where(found, np.nan_to_num(pos, nan=0), 0).astype(np.int64)
