@@ -161,6 +161,10 @@ def _model_spec(prov: VectorsProvenance, choice: ModelChoice) -> ModelSpec:
             raise
         raise UsageError(f"{prov.path} was made with {prov.model!r}, which does not resolve here ({e}); "
                          "pass -m with that model's folder") from e
+    stored = prov.config.get("max_length")
+    if isinstance(stored, int) and stored > 0 and stored != spec.max_length:  # the vectors were made with --max-length
+        spec = load_model_spec(name, allow_pickle=choice.allow_pickle, trust_remote_code=choice.trust_remote_code,
+                               max_length=stored)
     check_vectors_model(prov, spec, f"-m {choice.model}" if choice.model else f"the model {prov.model!r} found here")
     return spec
 

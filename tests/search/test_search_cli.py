@@ -221,3 +221,22 @@ def test_rerank_refuses_a_candidate_without_a_query_id(cli, st_model, tmp_path):
     cands.write_text('{"query_id": "query", "id": "a", "text": "x"}\n{"query_id": null, "id": "b", "text": "y"}\n')
     result = cli("rerank", cands, "--query", "hello", "--group-col", "query_id", "-m", st_model, "-o", tmp_path / "r.jsonl", code=1)
     assert "line 2 (id 'b'): text field 'query_id' is null" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_search_over_vectors_made_with_max_length_embeds_queries_cut_as_they_were(cli, st, st_model, corpus, tmp_path):
+    """`embed --max-length N` vectors are searched with queries cut at N tokens (ST with max_seq_length N)."""
+    from sentence_transformers import util
+
+    vectors = tmp_path / "v.parquet"
+    cli("embed", corpus / "docs.jsonl", "-m", st_model, "--max-length", 6, "-o", vectors, "-q")
+    out = tmp_path / "hits.jsonl"
+    cli("search", vectors, "--queries", corpus / "queries.jsonl", "--top-k", 3, "-o", out, "-q")
+    got = _hits(out)
+    saved = st.max_seq_length
+    st.max_seq_length = 6
+    try:
+        q = st.encode_query([t for _, t in QUERIES], convert_to_numpy=True)
+    finally:
+        st.max_seq_length = saved
+    for qi, hits in enumerate(util.semantic_search(q, _stored(vectors), top_k=3)):
+        np.testing.assert_allclose([r["score"] for r in got[3 * qi : 3 * qi + 3]], [h["score"] for h in hits], atol=1e-5)
