@@ -56,6 +56,16 @@ def require_ray() -> Any:
     return ray
 
 
+def add_stats(stats: Any, delta: dict[str, Any]) -> None:
+    """Add a worker's `stats_delta` to the driver's run stats (seconds per step, and the counters)."""
+    for key, value in delta.items():
+        if key == "seconds":
+            for k, v in value.items():
+                stats.seconds[k] = stats.seconds.get(k, 0.0) + v
+        elif hasattr(stats, key) and isinstance(value, (int, float)):
+            setattr(stats, key, getattr(stats, key) + value)
+
+
 def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """A runner's counters after a piece of work less those before it."""
     out: dict[str, Any] = {}
@@ -262,10 +272,4 @@ class RayDataEngine:
                     close()
 
     def _add(self, delta: dict[str, Any]) -> None:
-        s = self.stats
-        for key, value in delta.items():
-            if key == "seconds":
-                for k, v in value.items():
-                    s.seconds[k] = s.seconds.get(k, 0.0) + v
-            elif hasattr(s, key) and isinstance(value, (int, float)):
-                setattr(s, key, getattr(s, key) + value)
+        add_stats(self.stats, delta)

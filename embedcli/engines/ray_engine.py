@@ -37,8 +37,8 @@ import pyarrow as pa
 from embedcli.compute.build import RunnerRecipe, build_runner, embed_recipe
 from embedcli.compute.runner import Runner, RunStats, TokenRows
 from embedcli.engines.ray_data import INSTALL_HINT as INSTALL_HINT
+from embedcli.engines.ray_data import add_stats, stats_delta
 from embedcli.engines.ray_data import require_ray as require_ray
-from embedcli.engines.ray_data import stats_delta
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import load_model_spec
 
@@ -160,13 +160,7 @@ class RayRunner:
         return getattr(self.__dict__["local"], name)
 
     def _add(self, delta: dict[str, Any]) -> None:
-        s = self.stats
-        for key, value in delta.items():
-            if key == "seconds":
-                for k, v in value.items():
-                    s.seconds[k] = s.seconds.get(k, 0.0) + v
-            elif hasattr(s, key) and isinstance(value, (int, float)):
-                setattr(s, key, getattr(s, key) + value)
+        add_stats(self.stats, delta)
 
     def _actors(self, ray: Any) -> list[Any]:
         actor = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus or None)(EmbedWorker)

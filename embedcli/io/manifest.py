@@ -233,6 +233,22 @@ class Manifest:
         os.makedirs(meta_dir, exist_ok=True)
         write_json_atomic(os.path.join(meta_dir, MANIFEST_NAME), self.to_dict())
 
+    def append(self, root: str, entry: ShardEntry, records_end: int, units: str | None = None) -> None:
+        """Add a committed shard and save (the save is the commit); if saving fails, this object is as before."""
+        before = (self.records_done, self.rows_done, self.errors, self.units)
+        self.shards.append(entry)
+        self.records_done = records_end
+        self.rows_done += entry.rows
+        self.errors += entry.errors
+        if units is not None:
+            self.units = units
+        try:
+            self.save(root)
+        except BaseException:
+            self.shards.pop()
+            self.records_done, self.rows_done, self.errors, self.units = before
+            raise
+
     @classmethod
     def load(cls, root: str) -> Manifest | None:
         """The manifest of a staging area or shard directory; None when absent or unreadable."""

@@ -381,23 +381,7 @@ class ShardStore:
                 entry.errors_file = _errors_name(number)
                 entry.errors = len(self._errors)
             fsync_dir(self.root)
-            manifest = self.manifest
-            units_before = manifest.units
-            manifest.shards.append(entry)
-            manifest.records_done = records_end
-            manifest.rows_done += entry.rows
-            manifest.errors += entry.errors
-            if units is not None:
-                manifest.units = units
-            try:
-                manifest.save(self.root)
-            except BaseException:
-                manifest.shards.pop()
-                manifest.records_done = start
-                manifest.rows_done -= entry.rows
-                manifest.errors -= entry.errors
-                manifest.units = units_before
-                raise
+            self.manifest.append(self.root, entry, records_end, units)
         except OSError as e:
             for path in written:  # not in the manifest: a later run recomputes these rows
                 unlink_quiet(path)
@@ -444,22 +428,7 @@ class ShardStore:
                 entry.errors_file = _errors_name(number)
             fsync_dir(self.root)
             fsync_dir(os.path.join(self.root, META_DIR))
-            units_before = manifest.units
-            manifest.shards.append(entry)
-            manifest.records_done = records_end
-            manifest.rows_done += entry.rows
-            manifest.errors += entry.errors
-            if units is not None:
-                manifest.units = units
-            try:
-                manifest.save(self.root)
-            except BaseException:
-                manifest.shards.pop()
-                manifest.records_done = start
-                manifest.rows_done -= entry.rows
-                manifest.errors -= entry.errors
-                manifest.units = units_before
-                raise
+            manifest.append(self.root, entry, records_end, units)
         except OSError as e:
             for path in moved:  # not in the manifest: a later run recomputes these rows
                 unlink_quiet(path)
