@@ -77,7 +77,7 @@ def test_sigkill_at_each_commit_step_of_a_whole_output(kind: str, server: Server
     old = _output_files(work)
     assert check()[0] == 0
     # the same command over other inputs is the same config: it replaces the output (no --overwrite needed)
-    code, log = server.run(*argv(new_in), count=tmp_path / "steps")
+    code, log = server.run(*argv(new_in), count=tmp_path / "steps", within=work)
     assert code == 0, log
     steps = [tuple(step) for step in json.loads((tmp_path / "steps").read_text())]
     new = _output_files(work)
@@ -87,7 +87,7 @@ def test_sigkill_at_each_commit_step_of_a_whole_output(kind: str, server: Server
     for kill_at in _sample(steps, every=False):
         shutil.rmtree(work)
         shutil.copytree(pristine, work, symlinks=True)
-        code, log = server.run(*argv(new_in), kill_at=kill_at)
+        code, log = server.run(*argv(new_in), kill_at=kill_at, within=work)
         assert code == -signal.SIGKILL, (kill_at, code, log)
         after = _output_files(work)
         state = "old" if after == old else "new" if after == new else "other"
