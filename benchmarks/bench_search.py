@@ -15,6 +15,15 @@ Results go to benchmarks/results/search.json and a table to stdout.
 articles of each topic, each stored as its first paragraph, the packaged all-MiniLM-L6-v2) through the
 `embedcli embed` / `embedcli search` commands: R@1 and MRR@10 of float32, int8 with the default
 rescoring (4 x top-k) and int8 with --rescore 0, to benchmarks/results/search_bbc.json.
+
+    python benchmarks/bench_search.py --faiss --rows 1000000 --queries 1000 --threads 2
+
+`--faiss` instead times exact float32 search against faiss's `IndexFlatIP` (faiss-cpu, a test dependency), each in
+its own fresh process over the same Parquet file and queries: embedcli reads the file in blocks
+(`parquet_vector_blocks`, the default block size) and keeps a running top-k; faiss reads the vector column whole,
+adds it to the index and searches. Both clocks run from the first read to the last result (interpreter start
+left out of both), best of `--rounds`, alternated; both must return the same top row for every query. To
+benchmarks/results/search_faiss.json.
 """
 
 from __future__ import annotations
@@ -92,6 +101,64 @@ def child(args: argparse.Namespace) -> None:
                       "peak_over_before_mb": round(peak - before, 1), "top_row": int(rows[0, 0])}))
 
 
+def faiss_child(args: argparse.Namespace) -> None:
+    """One timed search by `args.contender` (embedcli or faiss) in this (fresh) process; prints a JSON line."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    queries = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    if args.contender == "faiss":
+        import faiss
+        import pyarrow.parquet as pq
+
+        from embedcli.io.writers import embedding_matrix
+
+        faiss.omp_set_num_threads(args.threads)
+        start = time.perf_counter()
+        vectors = np.ascontiguousarray(embedding_matrix(pq.read_table(args.file, columns=["embedding"]).column(0)),
+                                       dtype=np.float32)
+        index = faiss.IndexFlatIP(vectors.shape[1])
+        index.add(vectors)
+        _, rows = index.search(queries, args.top_k)
+    else:
+        from embedcli.retrieval import SearchSpace, parquet_vector_blocks, search_blocks
+
+        start = time.perf_counter()
+        _, rows = search_blocks(queries, parquet_vector_blocks(args.file), args.top_k, SearchSpace("float32", args.dim))
+    seconds = time.perf_counter() - start
+    print(json.dumps({"contender": args.contender, "seconds": round(seconds, 3), "peak_rss_mb": round(_status_mb("VmHWM"), 1),
+                      "top": [int(r) for r in rows[:, 0]]}))
+
+
+def faiss_compare(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """embedcli's exact float32 search against a faiss IndexFlatIP process, alternated, best of `args.rounds`."""
+    best: dict[str, dict[str, object]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "vectors-float32.parquet")
+        make_file(path, args.rows, args.dim, "float32")
+        for _ in range(args.rounds):
+            for contender in ("embedcli", "faiss"):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", "--contender", contender, "--file", path, "--dim", str(args.dim),
+                     "--queries", str(args.queries), "--top-k", str(args.top_k), "--threads", str(args.threads)],
+                    env=env, capture_output=True, text=True, check=True,
+                )
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"{contender:8s}: {row['seconds']:7.2f} s, peak RSS {row['peak_rss_mb']:7.1f} MiB", flush=True)
+                if contender not in best or row["seconds"] < best[contender]["seconds"]:  # type: ignore[operator]
+                    best[contender] = row
+    same = best["embedcli"]["top"] == best["faiss"]["top"]
+    ratio = float(best["faiss"]["seconds"]) / float(best["embedcli"]["seconds"])  # type: ignore[arg-type]
+    print(f"{args.rows:,} x {args.dim}, {args.queries:,} queries, top {args.top_k}, {args.threads} threads: "
+          f"embedcli {best['embedcli']['seconds']} s, faiss IndexFlatIP {best['faiss']['seconds']} s -> "
+          f"embedcli at {ratio:.2f}x faiss's speed; same top row for every query: {same}")
+    summary = {"rows": args.rows, "dim": args.dim, "queries": args.queries, "top_k": args.top_k, "threads": args.threads,
+               "rounds": args.rounds, "same_top_rows": same, "speed_vs_faiss": round(ratio, 3),
+               "results": [{k: v for k, v in r.items() if k != "top"} for r in best.values()]}
+    (ROOT / "benchmarks" / "results" / "search_faiss.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
 def bbc(per_topic: int, threads: int) -> None:
     """R@1 / MRR@10 of headline -> article search: float32 against int8 with and without rescoring."""
     import importlib.util
@@ -152,17 +219,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bbc", type=int, default=0, metavar="N",
                         help="Instead: the BBC headline -> article R@1 with N articles per topic (60: the test's set).")
+    parser.add_argument("--faiss", action="store_true",
+                        help="Instead: exact float32 search against a faiss IndexFlatIP process (see above).")
+    parser.add_argument("--rounds", type=int, default=2, help="--faiss: rounds, alternated; best of them.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--contender", help=argparse.SUPPRESS)
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--block", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args)
+        return faiss_child(args) if args.contender else child(args)
     if args.bbc:
         return bbc(args.bbc, args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if args.faiss:
+        return faiss_compare(args, env)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions.split(","):

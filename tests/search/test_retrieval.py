@@ -114,3 +114,20 @@ def test_topk_ignores_block_boundaries_for_ties() -> None:
 def test_empty_corpus_gives_no_hits() -> None:
     scores, rows = search_blocks(np.ones((2, 4), np.float32), [], 5)
     assert scores.shape == (2, 0) and rows.shape == (2, 0)
+
+
+@pytest.mark.parametrize("block", [97, 4096])
+def test_float32_matches_faiss_index_flat_ip(block: int) -> None:
+    """On unit vectors the exact search is faiss's IndexFlatIP: the same rows in the same order, the same scores."""
+    faiss = pytest.importorskip("faiss")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3000, 48)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = rng.standard_normal((40, 48)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(48)
+    index.add(x)
+    want_scores, want_rows = index.search(q, 10)
+    scores, rows = search_blocks(q, _blocks(x, block), 10, SearchSpace("float32", 48))
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-5)
