@@ -114,3 +114,16 @@ def test_gated_linear_under_autocast_and_grad_is_the_chunked_product() -> None:
     layer.requires_grad_(True)
     gate, up = layer(x).chunk(2, dim=-1)
     torch.testing.assert_close(gated_linear(layer, x, gelu_tanh), gelu_tanh(gate) * up, atol=0, rtol=0)
+
+
+def test_bf16_without_onednn_bf16_kernels_takes_the_module_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU whose oneDNN has no bf16 kernels (AVX2 only) autocast's own linear runs, never oneDNN's raise."""
+    monkeypatch.setattr(gemm, "_ONEDNN_BF16", False)
+    layer = _layer(64, 48)
+    x = torch.randn(9, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert gemm._compute_dtype(layer, x) is None
+        got = linear(layer, x, F.gelu)
+        want = F.gelu(layer(x))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

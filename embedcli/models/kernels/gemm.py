@@ -9,7 +9,7 @@ oneDNN also applies the activation on the accumulator (a fused post-op), saving 
 Numerics: the same float32 dot products in another order (max |Δ| vs a float64 reference ~1.6x MKL's,
 both far inside the 1e-5 the backbone tests hold); under CPU bf16 autocast the maths is autocast's own:
 bf16 inputs, weight and bias, bf16 output. Anything else (CUDA, a quantized module, float16, autograd,
-an empty batch, a torch without oneDNN) takes the plain module call.
+an empty batch, a torch without oneDNN, bf16 on a CPU whose oneDNN has no bf16 kernels) takes the plain module call.
 """
 
 from __future__ import annotations
@@ -40,7 +40,15 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_bf16_available() -> bool:
+    """Whether oneDNN's linear kernels take bfloat16 on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT and up)."""
+    # Without those instructions oneDNN has no bf16 inner product: the weight reorder and the matmul raise
+    # (seen on an AVX2-only AMD EPYC), where torch's own bf16 linear still runs.
+    return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 _ONEDNN = onednn_available()
+_ONEDNN_BF16 = onednn_bf16_available()
 
 
 class _Packed:
@@ -83,7 +91,7 @@ def _compute_dtype(module: nn.Module, x: torch.Tensor) -> torch.dtype | None:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return None
     if torch.is_autocast_enabled("cpu"):
-        return torch.bfloat16 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+        return torch.bfloat16 if _ONEDNN_BF16 and torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
     return torch.float32 if x.dtype == torch.float32 else None
 
 
