@@ -31,8 +31,18 @@ OLD_ROWS = NEW_ROWS  # same row count: only the bytes tell old from new (issue 1
 # or minus the signal that ended the child}. With `count`, the child writes there each step's call and
 # the path it renamed onto or fsynced.
 SERVER = r"""
-import atexit, json, os, signal, sys, traceback
+import atexit, importlib, json, os, signal, sys, traceback
 import embedcli.cli
+
+# What every run loads (torch alone is ~1,200 modules, 1.5-6 s a child on a busy 2-core box), loaded once here:
+# only imports, no threads or tensors before the fork.
+for name in ("torch", "safetensors.torch", "tokenizers", "embedcli.models.loader", "embedcli.models.backbones.bert",
+             "embedcli.compute.runner", "embedcli.run.execute", "embedcli.tasks.embed", "embedcli.tasks.search",
+             "embedcli.tasks.pairs", "embedcli.tasks.batch", "embedcli.pooling.poolers"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
 
 def fd_path(fd):
     try:
