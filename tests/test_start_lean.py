@@ -20,7 +20,10 @@ import pytest
 
 from tests.fixtures.static_models import build_m2v
 
-HEAVY = ("torch", "transformers", "pandas", "pyarrow.dataset", "pyarrow.compute", "huggingface_hub.hf_api", "sympy")
+# numpy.ma (np.unique imports it) and tqdm (a terminal's bar) cost 10-30 ms each and a run without a bar uses neither;
+# pydantic (~0.1-0.2 s with its plugin loader) only coerces flag values that need it (`embedcli.cli.coercion`).
+HEAVY = ("torch", "transformers", "pandas", "pyarrow.dataset", "pyarrow.compute", "huggingface_hub.hf_api", "sympy",
+         "numpy.ma", "tqdm", "pydantic")
 _PROBE = f"""
 import atexit, json, runpy, sys
 sys.argv = ["embedcli", *sys.argv[1:]]
@@ -76,5 +79,26 @@ def test_a_static_run_and_its_noop_rerun_import_nothing_heavy(
 
 def test_a_model_run_imports_torch_only_to_compute(inputs: dict[str, Path], st_model: Path, tmp_path: Path) -> None:
     args = ["embed", inputs["jsonl"], "-m", st_model, "-o", tmp_path / "out.parquet", "-q", "--dtype", "float32"]
-    assert imported(tmp_path, *args) == {"torch"}  # its own backbone: no transformers, no pandas
+    assert imported(tmp_path, *args) - {"tqdm"} == {"torch"}  # its own backbone: no transformers, no pandas (torch imports tqdm)
     assert imported(tmp_path, *args) == set()  # the no-op rerun
+
+
+_GC_PROBE = """
+import atexit, gc, runpy, sys
+sys.argv = ["embedcli", *sys.argv[1:]]
+atexit.register(lambda: print("gc:", gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr))
+runpy.run_module("embedcli", run_name="__main__")
+"""
+
+
+def test_the_collector_is_off_until_the_work_starts(inputs: dict[str, Path], tmp_path: Path) -> None:
+    """A run with work computes with the collector on, the start's objects frozen; a no-op rerun never turns it on."""
+    args = ["embed", inputs["jsonl"], "-m", inputs["static"], "-o", tmp_path / "out.parquet", "-q"]
+    env = {**os.environ, "EMBEDCLI_CACHE_DIR": str(tmp_path / "cache")}
+    states = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _GC_PROBE, *map(str, args)], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        states.append(done.stderr.strip().splitlines()[-1])
+    assert states == ["gc: True True", "gc: False False"]

@@ -14,6 +14,7 @@ import sys
 
 from embedcli.cli import batch, compute, families, search, tools
 from embedcli.cli.app import app
+from embedcli.startup import pause
 
 __all__ = ["app", "batch", "compute", "families", "main", "search", "tools"]
 
@@ -30,6 +31,7 @@ def main() -> None:
     """Console entry point."""
     for key, value in PASSIVE_WAIT.items():
         os.environ.setdefault(key, value)
+    pause()  # the collector, until the work starts (`embedcli.startup`)
     try:
         app()
     except SystemExit as stop:

@@ -6,9 +6,12 @@ from collections.abc import Callable
 
 import typer
 
+from embedcli.cli.coercion import install
 from embedcli.cli.help import PlainHelpGroup
 from embedcli.errors import EXIT_FATAL, EXIT_INTERRUPTED, EmbedcliError
 from embedcli.version import __version__
+
+install()  # flag values that need no coercion skip pydantic (`embedcli.cli.coercion`)
 
 app = typer.Typer(
     name="embedcli",

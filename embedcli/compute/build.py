@@ -12,6 +12,7 @@ from embedcli.compute.options import RunnerOptions
 from embedcli.errors import UsageError
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec
+from embedcli.startup import resume
 
 if TYPE_CHECKING:
     from embedcli.compute.runner import Runner
@@ -56,7 +57,9 @@ def build_engine(recipe: RunnerRecipe) -> Runner | StaticRunner:
         from embedcli.compute.static import StaticRunner
 
         tokenizer_threads(recipe.threads)
-        return StaticRunner(recipe.model_spec, recipe.model_options, recipe.runner_options)
+        runner = StaticRunner(recipe.model_spec, recipe.model_options, recipe.runner_options)
+        resume()  # the work starts: the collector back on (`embedcli.startup`)
+        return runner
     return build_runner(recipe)
 
 
@@ -78,7 +81,9 @@ def build_runner(recipe: RunnerRecipe, model: LoadedModel | None = None) -> Runn
         torch.set_num_threads(recipe.threads)
     if model is None:
         model = LoadedModel(recipe.model_spec, recipe.model_options)
-    return Runner(model, recipe.runner_options)
+    runner = Runner(model, recipe.runner_options)
+    resume()  # the work starts: the collector back on (`embedcli.startup`)
+    return runner
 
 
 def embed_recipe(

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from embedcli.errors import ModelConfigError
+from embedcli.models.checkpoint.content_hash import remembered
 from embedcli.models.checkpoint.static_layout import M2V_MAPPING, M2V_TABLE, M2V_WEIGHTS, MODEL2VEC, ST_TABLE
 from embedcli.models.spec import ModelSpec
+from embedcli.models.tokenization.plain_ascii import PlainAscii
 
 _GATHER_VALUES = 1 << 18  # table values gathered at once by `mean_rows` (1 MiB of float32)
 
@@ -88,10 +90,16 @@ class StaticModel:
         self.unk_id = _unk_id(self.tokenizer) if self.model2vec else None
         # model2vec first cuts a text to max_length x the median token length in characters (a median: the
         # vocabulary's order, which model2vec sorts by id first, does not change it).
+        # Remembered per tokenizer.json state: `get_vocab` builds a dict of every token (~40 ms of each start).
         self.median_token_length = (
-            int(np.median(np.fromiter(map(len, self.tokenizer.get_vocab()), dtype=np.int64))) if self.model2vec else 0
+            remembered("static-median-token", folder, ["tokenizer.json"], lambda _: self._median_token_length(), int)
+            if self.model2vec else 0
         )
         self._file_truncation = self.tokenizer.truncation
+        self._encoder = PlainAscii(self.tokenizer)
+
+    def _median_token_length(self) -> int:
+        return int(np.median(np.fromiter(map(len, self.tokenizer.get_vocab()), dtype=np.int64)))
 
     @property
     def dim(self) -> int:
@@ -117,7 +125,7 @@ class StaticModel:
             truncated = sum(len(t) > limit for t in items)
             items = [t[:limit] for t in items]
         self._set_truncation(max_tokens)
-        encodings = self.tokenizer.encode_batch_fast(items, add_special_tokens=False)
+        encodings = self._encoder.encode(items, add_special_tokens=False)
         rows = [enc.ids for enc in encodings]
         if max_tokens is not None:
             truncated = max(truncated, sum(bool(enc.overflowing) for enc in encodings))

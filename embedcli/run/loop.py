@@ -56,6 +56,7 @@ from embedcli.run.source import BatchSource
 from embedcli.run.staging import run_staged
 from embedcli.run.store_run import run_store
 from embedcli.run.target import check_target, resolve_output
+from embedcli.startup import resume
 
 # A reader's batch spans at most this many times a batch's rows in records (rows carried over unread count),
 # and a pool at most POOL_RECORDS_PER_ROW times: a stretch carried over commits now and then, while rows
@@ -269,6 +270,7 @@ class Pipeline:
         return open_reader
 
     def _loop(self, sink: Sink, start: ReadPoint | None, records: int, ids: IdSet | None) -> None:
+        resume()  # rows are read and computed from here: the collector back on (`embedcli.startup`)
         if isinstance(self.job.engine, SliceEngine):  # its workers read, compute and write; this commits
             run_sliced(self, sink, start, records, ids if ids is not None else self.id_set(),
                        batch_chars(self.job.engine))

@@ -6,8 +6,6 @@ import sys
 import time
 from typing import IO, Any
 
-from tqdm import tqdm
-
 
 def _duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
@@ -56,6 +54,7 @@ class Progress:
         self._last_line = self.started
         self._bar: Any = None
         if not quiet and self.tty:
+            from tqdm import tqdm  # a terminal's bar only (~15 ms to import)
 
             self._bar = tqdm(
                 total=total,

@@ -102,3 +102,35 @@ def test_an_unusable_cache_still_hashes_and_says_nothing(
     assert content_hash.hash_files(folder, NAMES) == content_hash.hash_files(folder, NAMES) == reference(folder, NAMES)
     assert len(reads) == 2
     assert capsys.readouterr().err == ""
+
+
+def test_a_static_models_median_token_length_is_remembered_per_tokenizer_state(
+    reads: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from embedcli.models.spec import load_model_spec
+    from embedcli.models.static import StaticModel
+    from tests.fixtures.static_models import build_m2v
+
+    folder = build_m2v(tmp_path / "m2v")
+    computed: list[int] = []
+    real = StaticModel._median_token_length
+
+    def counting(self: StaticModel) -> int:
+        computed.append(real(self))
+        return computed[-1]
+
+    monkeypatch.setattr(StaticModel, "_median_token_length", counting)
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    import numpy as np
+
+    want = int(np.median([len(token) for token in vocab]))  # the file's own vocabulary (its added tokens are in it)
+    first = StaticModel(load_model_spec(str(folder))).median_token_length
+    assert StaticModel(load_model_spec(str(folder))).median_token_length == first
+    assert len(computed) == 1 and first == want
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"] = {f"{t}{'x' * 30}" if i % 2 else t: i for i, t in enumerate(tokenizer["model"]["vocab"])}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))  # longer tokens: another median
+    assert StaticModel(load_model_spec(str(folder))).median_token_length != first
+    assert len(computed) == 2

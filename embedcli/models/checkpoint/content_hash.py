@@ -7,7 +7,8 @@ is kept in the user cache under a key made of the folder and each file's name an
 size, mtime and ctime in ns; a symlink, as in the Hub cache, counts as the file it points to). Any change to a
 file gives it a new ctime from the kernel, so it misses the cache and is read again. As git does with racy index
 entries, a hash is kept only when every file was last changed at least 2 s before it was read: a write within
-the timestamps' granularity could otherwise leave a changed file with its old key.
+the timestamps' granularity could otherwise leave a changed file with its old key. `remembered` keeps any other
+value computed from files the same way (a static model's median token length).
 """
 
 from __future__ import annotations
@@ -17,30 +18,39 @@ import json
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from embedcli.io.user_cache import quiet_cache_dir, read_json, write_json
 
 _RACY_NS = 2_000_000_000
 _KEY_VERSION = 1  # bump when what the hash covers changes
 _clock = time.time_ns
+T = TypeVar("T")
 
 
 def hash_files(folder: Path, names: Sequence[str]) -> str:
     """sha256 over the name and bytes of each of `names` that is a file in `folder` (16 hex digits)."""
+    return remembered("content-hash", folder, names, lambda present: _read(folder, present), str, field="hash")
+
+
+def remembered(kind: str, folder: Path, names: Sequence[str], compute: Callable[[list[str]], T], of: type[T], *,
+               field: str = "value") -> T:
+    """`compute(the names of `names` that are files in `folder`)`, a JSON value of type `of`, kept in the user
+    cache under `kind` and the files' state (see the module docstring); computed again when one of them changes."""
     present = [(name, st) for name in names if (st := _file_stat(folder / name)) is not None]
     key = _key(folder, present)
-    where = quiet_cache_dir("content-hash")
+    where = quiet_cache_dir(kind)
     entry = where / f"{key}.json" if where is not None else None
     cached = read_json(entry) if entry is not None else None
-    if cached is not None and isinstance(cached.get("hash"), str):
-        return str(cached["hash"])
+    if cached is not None and isinstance(cached.get(field), of):
+        return cached[field]
     start = _clock()
-    digest = _read(folder, [name for name, _ in present])
+    value = compute([name for name, _ in present])
     if entry is not None and all(max(st.st_mtime_ns, st.st_ctime_ns) < start - _RACY_NS for _, st in present):
-        write_json(entry, {"hash": digest, "folder": str(folder), "files": [name for name, _ in present]}, say=False)
-    return digest
+        write_json(entry, {field: value, "folder": str(folder), "files": [name for name, _ in present]}, say=False)
+    return value
 
 
 def _file_stat(path: Path) -> os.stat_result | None:
