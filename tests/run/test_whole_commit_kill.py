@@ -6,7 +6,6 @@ passes only on a complete output."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 from collections.abc import Iterator
@@ -31,12 +30,7 @@ def _requests(path: Path, prefix: str, n: int) -> Path:
     return path
 
 
-# The Parquet variants commit through the same whole-output steps as the JSONL ones (only the writer differs):
-# opt-in with the every-step kills, to keep the suite inside CI's 20 minutes on 2 cores.
-_OPT_IN = pytest.mark.skipif(not os.environ.get("EMBEDCLI_EVERY_COMMIT_STEP"),
-                             reason="set EMBEDCLI_EVERY_COMMIT_STEP=1 for the Parquet variants")
-KINDS = [pytest.param("search-parquet", marks=_OPT_IN), "search-jsonl", pytest.param("rerank-parquet", marks=_OPT_IN),
-         "rerank-jsonl", "run-batch"]
+KINDS = ["search-parquet", "search-jsonl", "rerank-parquet", "rerank-jsonl", "run-batch"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
