@@ -139,3 +139,26 @@ def test_search_over_embeds_s3_output_equals_the_local_search(cli, st_model, buc
     want = cli("search", local, "--queries", tmp_path / "q.jsonl", *args, env=s3_env).stdout
     got = cli("search", out, "--queries", q_url, *args, env=s3_env).stdout
     assert got == want and len(got.splitlines()) == 6
+
+
+def test_score_to_s3_equals_the_local_run(cli, st_model, bucket, s3_env, tmp_path):
+    pairs = _jsonl([{"id": i, "a": DOCS[i], "b": DOCS[-1 - i]} for i in range(len(DOCS))])
+    url = bucket.put("in/pairs.jsonl", pairs)
+    args = ("score", url, "--left-col", "a", "--right-col", "b", "-m", st_model, "-q")
+    local = tmp_path / "s.jsonl"
+    cli(*args, "-o", local, env=s3_env)
+    cli(*args, "-o", bucket.url("out/s.jsonl"), env=s3_env)
+    assert _get(bucket, "out/s.jsonl") == local.read_bytes()
+
+
+@pytest.mark.parametrize("args, says", [
+    (("search", "{v}", "--query", "q", "-o", "{out}"), "search writes its output whole"),
+    (("embed", "{c}", "--precision", "int8", "-o", "{out}"), "--precision int8 takes its ranges"),
+])
+def test_whole_outputs_to_an_object_are_refused_in_one_line(cli, st_model, bucket, s3_env, tmp_path, args, says):
+    corpus = bucket.put("in/c.jsonl", _corpus(3))
+    out = bucket.url("out/x.parquet")
+    argv = [a.format(v=bucket.url("v.parquet"), c=corpus, out=out) for a in args]
+    result = cli(*argv, "-m", st_model, code=2, env=s3_env)
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [result.stderr.strip()]
+    assert says in result.stderr and _keys(bucket, "out/") == []
