@@ -18,8 +18,9 @@ spool is mirrored to the store at three points:
   S3 and GCS make an object visible only once its upload completes, which stands for the local rename); then
   the staging prefix is deleted (its manifest first, then the rest with the lease).
 
-The spool lives under the temp folder and is removed when the run ends; a `kill -9` leaves it behind (the
-store's copy is the one a rerun resumes from).
+The spool lives under the temp folder (`embedcli-out-PID-*`) and is removed when the run ends; a `kill -9` leaves
+it behind (the store's copy is the one a rerun resumes from), and the next store run of the same user removes the
+spools of processes gone.
 
 **The lock: a lease object, written then read back** (`URL.embedcli-staging/_embedcli/lock.json`: owner token,
 host, boot id, pid, expiry). pyarrow's filesystems cannot make a conditional put (S3 `If-None-Match: *`, GCS
@@ -158,6 +159,27 @@ class Lease:
                 delete(self.url)
 
 
+SPOOL_PREFIX = "embedcli-out-"
+
+
+def _sweep_spools() -> None:
+    """Remove this user's spools whose process is gone (left by a `kill -9`)."""
+    top = tempfile.gettempdir()
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(SPOOL_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(SPOOL_PREFIX) or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        path = os.path.join(top, name)
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if st.st_uid == os.getuid() and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def _signature(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)
@@ -172,7 +194,8 @@ class StoreArea:
     def __init__(self, url: str, lease_seconds: float = MIN_LEASE_SECONDS) -> None:
         self.url = url
         self.staging = url + STAGING_SUFFIX
-        self.spool = tempfile.mkdtemp(prefix="embedcli-out-")
+        _sweep_spools()
+        self.spool = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
         self.name = url.rsplit("/", 1)[-1]
         self.local = os.path.join(self.spool, self.name)
         self.root = self.local + STAGING_SUFFIX

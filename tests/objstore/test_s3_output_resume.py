@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +60,9 @@ def test_a_killed_run_into_s3_resumes_from_the_store_to_the_uninterrupted_output
     bucket.put("out/v.parquet.embedcli-staging/part-999999.parquet", b"garbage of a killed run")
 
     stats = tmp_path / "stats.json"
+    assert any(Path(tempfile.gettempdir()).glob(f"embedcli-out-{proc.pid}-*")), "the killed run's spool"
     cli(*_argv(url, st_model, out, "--stats", str(stats))[3:], env=s3_env)
+    assert not any(Path(tempfile.gettempdir()).glob(f"embedcli-out-{proc.pid}-*")), "swept by the rerun"
     report = json.loads(stats.read_text())
     assert report["resumed_rows"] >= committed and report["resumed_rows"] + report["computed_rows"] == ROWS
     got = bucket.client.get_object(Bucket=bucket.name, Key="out/v.parquet")["Body"].read()
