@@ -30,7 +30,8 @@ local output); otherwise it writes its own lease and reads it back, refusing whe
 lease is renewed, and re-checked, at every commit *before* the manifest object is put, so two runs that raced
 past the read-back in the same instant find out at their next commit, before either commits over the other.
 A lease is taken over once it expires, or at once when it names this host (same boot) and a process that no
-longer exists (a run killed with `kill -9`, resumed on the same machine). Its length is the larger of ten
+longer exists (a run killed with `kill -9`, resumed on the same machine; containers that share a kernel and a
+host name look like one machine here: give them distinct host names). Its length is the larger of ten
 minutes and three times `--commit-every`, so a live run always renews it in time.
 """
 
@@ -256,6 +257,7 @@ class StoreArea:
     def publish(self) -> None:
         """Mirror the end of a run: the output files it wrote or removed (sidecars first, the output last), then
         the staging prefix once the spool's staging folder is gone."""
+        self.lease.renew()  # still this run's after assembling (however long that took), and for as long again
         for name in (*(self.name + s for s in SIBLINGS), self.name):
             local = os.path.join(self.spool, name)
             now = _signature(local)

@@ -162,3 +162,24 @@ def test_whole_outputs_to_an_object_are_refused_in_one_line(cli, st_model, bucke
     result = cli(*argv, "-m", st_model, code=2, env=s3_env)
     assert [line for line in result.stderr.splitlines() if line.strip()] == [result.stderr.strip()]
     assert says in result.stderr and _keys(bucket, "out/") == []
+
+
+def test_a_lease_lost_to_a_racing_run_is_found_at_the_next_commit(bucket, s3_env, monkeypatch):
+    from embedcli.errors import OutputError
+    from embedcli.io.store_area import Lease
+
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    url = bucket.url("out/v.parquet.embedcli-staging/_embedcli/lock.json")
+    a, b = Lease(url, "s3://x", 600), Lease(url, "s3://x", 600)
+    a.acquire()
+    with pytest.raises(OutputError, match="another embedcli run is writing this output"):
+        b.acquire()
+    b._write()  # b raced past its read in the same instant and wrote over a's lease
+    with pytest.raises(OutputError, match="took over its lock"):
+        a.renew()
+    a.release()  # not a's any more: left for b
+    assert _keys(bucket, "out/") == ["out/v.parquet.embedcli-staging/_embedcli/lock.json"]
+    b.held = True
+    b.release()
+    assert _keys(bucket, "out/") == []
