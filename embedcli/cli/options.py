@@ -68,7 +68,8 @@ OPT_MAX_LENGTH = typer.Option(
 )
 OPT_OUTPUT = typer.Option(
     ..., "-o", "--output", envvar=env("output"), rich_help_panel=OUTPUT,
-    help="Output path: .parquet (default), .jsonl or .npy; - writes JSONL to stdout (embed: or lancedb://DIR/T).",
+    help="File or s3:// gs:// object: .parquet (default), .jsonl, .npy; - is JSONL on stdout (embed: or "
+    "lancedb://D/T).",
 )
 OPT_OUT_FORMAT = typer.Option(
     None, "--output-format", envvar=env("output-format"), rich_help_panel=OUTPUT, help="parquet, jsonl or npy (default: from the extension)."

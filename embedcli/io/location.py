@@ -163,8 +163,9 @@ def _made_filesystem(scheme: str, bucket: str, settings: tuple[str | None, ...])
     import pyarrow.fs as pafs
 
     if scheme == "s3":
-        # from_uri reads the SDK's environment and files, and asks the bucket's region when none is set
-        return pafs.FileSystem.from_uri(f"s3://{bucket}")[0], None
+        # from_uri reads the SDK's environment and files, and asks the bucket's region when none is set; a delayed
+        # open puts a small object (a manifest, a lease) in one request rather than a multipart upload's three
+        return pafs.FileSystem.from_uri(f"s3://{bucket}?allow_delayed_open=true")[0], None
     if scheme == "gs":
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         if emulator:  # as google-cloud-storage and gcsfs read it: an emulator, no credentials

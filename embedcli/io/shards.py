@@ -16,7 +16,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -204,9 +204,12 @@ class ShardStore:
     what it computed. A shard directory (`mode` "dir") is the output itself: its shards hold every row."""
 
     def __init__(
-        self, root: str, manifest: Manifest, meta: Mapping[str, str], output: str, previous: Any = None
+        self, root: str, manifest: Manifest, meta: Mapping[str, str], output: str, previous: Any = None,
+        on_commit: Callable[[Manifest], None] | None = None,
     ) -> None:
+        """`on_commit(manifest)`: called after each commit (the staging area's mirror, `embedcli.io.store_area`)."""
         self.root = root
+        self.on_commit = on_commit
         self.manifest = manifest
         self.meta = dict(meta)
         self.output = output
@@ -382,6 +385,8 @@ class ShardStore:
                 entry.errors = len(self._errors)
             fsync_dir(self.root)
             self.manifest.append(self.root, entry, records_end, units)
+            if self.on_commit is not None:
+                self.on_commit(self.manifest)
         except OSError as e:
             for path in written:  # not in the manifest: a later run recomputes these rows
                 unlink_quiet(path)
@@ -429,6 +434,8 @@ class ShardStore:
             fsync_dir(self.root)
             fsync_dir(os.path.join(self.root, META_DIR))
             manifest.append(self.root, entry, records_end, units)
+            if self.on_commit is not None:
+                self.on_commit(manifest)
         except OSError as e:
             for path in moved:  # not in the manifest: a later run recomputes these rows
                 unlink_quiet(path)

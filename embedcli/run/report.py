@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedcli.errors import InputError
-from embedcli.io.manifest import write_atomic
+from embedcli.errors import InputError, OutputError
+from embedcli.io.objects import write_whole
 from embedcli.run.progress import Progress
 
 ERRORS_SHOWN = 5
@@ -36,9 +36,11 @@ def write_stats(path: str | None, report: dict[str, Any]) -> None:
     if not path:
         return
     try:
-        write_atomic(path, json.dumps(report, indent=2).encode("utf-8"))
+        write_whole(path, json.dumps(report, indent=2).encode("utf-8"))
     except OSError as e:
         print(f"embedcli: cannot write --stats {path}: {e.strerror or e}", file=sys.stderr)
+    except OutputError as e:  # a store that refused the object
+        print(f"embedcli: cannot write --stats {path}: {e.reason}", file=sys.stderr)
 
 
 @dataclass
@@ -111,9 +113,11 @@ class RunReport:
         if not data:
             return
         try:
-            write_atomic(path, data.encode("utf-8"))
+            write_whole(path, data.encode("utf-8"))
         except OSError as e:
             self.note(f"cannot write --errors-file {path}: {e.strerror or e}")
+        except OutputError as e:
+            self.note(f"cannot write --errors-file {path}: {e.reason}")
 
     def to_stats(self, engine_stats: Any) -> dict[str, Any]:
         """The `--stats` report of this run."""

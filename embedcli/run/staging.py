@@ -3,6 +3,10 @@
 `run_staged(pipeline)` decides, from what is on disk, whether this run resumes the staged work of an
 interrupted one, starts over, refuses to mix configs (exit 2 without `--overwrite`), or finds the output
 already complete; then runs the pipeline's loop into a `ShardStore` and publishes the result.
+
+The output's staging area (`embedcli.io.store_area.output_area`, chosen by the path) is where this happens:
+the output's own folder for a local path; for an object URL (`s3://`, `gs://`) a local spool mirrored to the
+store, each commit and the publish put there, the lock a lease object. This module does not tell them apart.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +52,7 @@ from embedcli.io.shards import (
     recover_dir,
     remove_tmp_files,
 )
+from embedcli.io.store_area import OutputArea, output_area
 from embedcli.io.units import InputUnits
 from embedcli.run.ids import IdSet
 from embedcli.run.incremental import describe_config_change
@@ -68,15 +74,16 @@ def _complete_for_this_job(p: Pipeline, existing: dict[str, str]) -> bool:
     return bool(p.job_key) and existing.get(KEY_JOB) == p.job_key and existing.get(KEY_COMPLETE) == "true"
 
 
-def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: Any) -> int:
+def _already_complete(p: Pipeline, existing: dict[str, str], root: str, lock: Any, area: OutputArea) -> int:
     staged = Manifest.load(root)
     if staged is None or staged.job_key == p.job_key:
         lock.release()
         shutil.rmtree(root, ignore_errors=True)
+    area.publish()
     skipped = int(existing.get(KEY_SKIPPED, "0") or 0)
     rows = existing.get(KEY_ROWS, "?")
     also = f"; {skipped} bad rows were skipped when it was made" if skipped else ""
-    p.note(f"{p.output.path} is already complete ({rows} rows, same inputs and config{also}): nothing to do")
+    p.note(f"{p.output.name} is already complete ({rows} rows, same inputs and config{also}): nothing to do")
     report = p.report
     report.records_done = report.resumed_records = int(existing.get("embedcli.input_records", "0") or 0)
     report.rows = int(rows) if str(rows).isdigit() else 0
@@ -98,14 +105,14 @@ def _check_existing(p: Pipeline, existing: dict[str, str] | None) -> bool:
     if existing is not None and not overwrite:
         if _config_differs(p, existing):
             raise UsageError(
-                f"{target.path} was made with a different config ({describe_config_change(existing, p.base_meta)}); "
+                f"{target.name} was made with a different config ({describe_config_change(existing, p.base_meta)}); "
                 "pass --overwrite to replace it, or choose another -o"
             )
         if _complete_for_this_job(p, existing):
             return True
         if not p.flags.incremental and existing.get(KEY_COMPLETE) == "true":
             why = describe_input_change(_json_list(existing.get(KEY_INPUTS)), p.fingerprints)
-            p.note(f"{target.path} was made from other inputs ({why}): computing every row "
+            p.note(f"{target.name} was made from other inputs ({why}): computing every row "
                    "(--incremental would carry unchanged rows over)")
         return False
     if existing is None and target.mode == "file" and not overwrite and Manifest.load(staging_dir(target.path)) is None:
@@ -242,7 +249,7 @@ def _final_meta(p: Pipeline) -> dict[str, str]:
     }
 
 
-def _finish(p: Pipeline, root: str, lock: Any) -> int:
+def _finish(p: Pipeline, root: str, lock: Any, area: OutputArea) -> int:
     t0 = time.perf_counter()
     manifest = p.manifest
     meta = _final_meta(p)
@@ -254,6 +261,7 @@ def _finish(p: Pipeline, root: str, lock: Any) -> int:
     else:
         lock.release()
         publish_dir(root, manifest, p.output.path, meta)
+    area.publish()
     p.report.seconds["finalize"] += time.perf_counter() - t0
     p.report.rows, p.report.skipped = manifest.rows_done, manifest.errors
     p.report.summary(p.job.engine, manifest.errors, manifest.rows_done, p.flags.errors_file)
@@ -262,6 +270,13 @@ def _finish(p: Pipeline, root: str, lock: Any) -> int:
 
 def run_staged(p: Pipeline) -> int:
     """Run pipeline `p` into its staged output (see the module docstring); returns the exit code."""
+    # a lease outlives the longest wait between two commits (one pool past --commit-every) several times over
+    with output_area(p.output.name, 3 * p.flags.commit_every) as area:
+        p.output = replace(p.output, path=area.local)
+        return _run_in(p, area)
+
+
+def _run_in(p: Pipeline, area: OutputArea) -> int:
     target = p.output
     root = staging_dir(target.path)
     if target.mode == "dir":
@@ -273,12 +288,13 @@ def run_staged(p: Pipeline) -> int:
         existing = output_metadata(target.path, None if target.mode == "dir" else p.job.target.fmt)
         if _check_existing(p, existing):
             assert existing is not None  # complete means there is an output
-            return _already_complete(p, existing, root, lock)
+            return _already_complete(p, existing, root, lock, area)
         manifest, created_manifest = _resume_or_start(p, root)
         p.manifest = manifest
         p.open_previous(target.path if existing is not None else None, existing)
         manifest = p.manifest = _same_previous(p, root, manifest)
-        store = p.store = ShardStore(root, manifest, p.meta, target.path, p.carry.previous)
+        area.committed(manifest)
+        store = p.store = ShardStore(root, manifest, p.meta, target.path, p.carry.previous, area.committed)
         store.clean_stale()
         if target.mode == "file":
             remove_tmp_files(os.path.dirname(os.path.abspath(target.path)), os.path.basename(target.path))
@@ -293,7 +309,7 @@ def run_staged(p: Pipeline) -> int:
         p.read_point = start
         p.guarded_loop(store, start, manifest.records_done,
                        lambda: [*store.committed_errors(), *store.pending_errors], ids)
-        return _finish(p, root, lock)
+        return _finish(p, root, lock, area)
     except BaseException:
         lock.release()
         fresh = p.manifest is None or (created_manifest and not p.manifest.shards)

@@ -39,6 +39,7 @@ from embedcli.io.manifest import (
     output_metadata,
     staging_dir,
 )
+from embedcli.io.objects import is_object_url
 from embedcli.io.readers import expand_paths
 from embedcli.io.shards import clear_dir, output_key_for, remove_tmp_files
 from embedcli.io.stores.url import is_store_url, redact
@@ -73,6 +74,9 @@ def check_whole(job: WholeJob) -> None:
     """Before any work: the paths `check_target` checks for every command, and one file (not a directory)."""
     if is_store_url(job.target.path):
         raise UsageError(f"{job.command} writes one file; -o {redact(job.target.path)} names a store table")
+    if is_object_url(job.target.path):
+        raise UsageError(f"-o {job.target.path}: {job.command} writes its output whole at the end, which is not "
+                         "written to an object store yet; write a local file (and copy it)")
     if is_shard_dir(job.target.path, job.flags):
         raise UsageError(f"{job.command} writes one file; -o {job.target.path} names a directory of shards")
     check_target(job.target.path, job.flags, list(job.inputs), job.reporting.stats_file)

@@ -20,6 +20,7 @@ from embedcli.io.manifest import (
     index_sidecar,
     output_metadata,
 )
+from embedcli.io.objects import is_object_url
 from embedcli.io.stores.url import is_store_url
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.models.spec import ModelSpec
@@ -167,7 +168,7 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
             "--shards-dir cannot see at once; pass --calibration FILE (e.g. an earlier float32 or "
             f"{quant.precision} output) so every row is quantized with the same ranges"
         )
-    if is_store_url(job.target.path):
+    if is_store_url(job.target.path) or is_object_url(job.target.path):
         raise UsageError(
             f"--precision {quant.precision} takes its ranges from the whole output, which a store output does not "
             "see at once; pass --calibration FILE (e.g. an earlier float32 output) to write it to a store"

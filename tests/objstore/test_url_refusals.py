@@ -1,5 +1,7 @@
-"""A URL where embedcli cannot take one yet (every output place; merge and inspect, which read an output's
-structure) or a scheme it does not read: refused in one line, exit 2, and nothing local named `s3:` made."""
+"""A URL where embedcli cannot take one yet (a directory of shards, `hf://` outputs, `--previous`, `--calibration`,
+search's whole output; merge and inspect, which read an output's structure) or a scheme it does not read: refused in
+one line, exit 2, and nothing local named `s3:` made. An object output whose bucket does not exist: exit 1, one line,
+before the model loads."""
 
 from __future__ import annotations
 
@@ -13,19 +15,15 @@ import pytest
 
 # {corpus} is a local JSONL corpus; the command runs in an empty folder.
 OUTPUT_PLACES = [
-    ("-o s3://corpus/x", ["embed", "{corpus}", "-o", "s3://corpus/x"]),
-    ("-o s3 file", ["embed", "{corpus}", "-o", "s3://corpus/out/vectors.parquet"]),
     ("-o s3 dir", ["embed", "{corpus}", "-o", "s3://corpus/out/", "--shards-dir"]),
-    ("-o gs", ["embed", "{corpus}", "-o", "gs://corpus/vectors.parquet"]),
+    ("-o s3 prefix", ["embed", "{corpus}", "-o", "s3://corpus/out/"]),
+    ("-o s3 bucket", ["embed", "{corpus}", "-o", "s3://corpus"]),
+    ("--stats hf", ["embed", "{corpus}", "-o", "v.parquet", "--stats", "hf://datasets/o/n/stats.json"]),
     ("-o hf", ["embed", "{corpus}", "-o", "hf://datasets/org/name/vectors.parquet"]),
     ("-o file", ["embed", "{corpus}", "-o", "file:///tmp/vectors.parquet"]),
-    ("--stats", ["embed", "{corpus}", "-o", "v.parquet", "--stats", "s3://corpus/stats.json"]),
-    ("--errors-file", ["embed", "{corpus}", "-o", "v.parquet", "--on-error", "skip", "--errors-file",
-                       "s3://corpus/errors.jsonl"]),
     ("--previous", ["embed", "{corpus}", "-o", "v.parquet", "--incremental", "--previous", "s3://corpus/v.parquet"]),
     ("--calibration", ["embed", "{corpus}", "-o", "v.parquet", "--precision", "int8", "--calibration",
                        "s3://corpus/calibration.npy"]),
-    ("score -o", ["score", "{corpus}", "--left-col", "text", "--right-col", "text", "-o", "s3://corpus/s.parquet"]),
     ("search -o", ["search", "s3://corpus/v.parquet", "--query", "q", "-o", "s3://corpus/hits.parquet"]),
     ("merge inputs", ["merge", "s3://corpus/out/", "-o", "m.parquet"]),
     ("merge -o", ["merge", "{corpus}", "-o", "s3://corpus/m.parquet"]),
@@ -76,14 +74,15 @@ def test_a_url_that_cannot_be_taken_is_refused_in_one_line_and_nothing_is_writte
     assert not any(p.name.endswith(":") for p in tmp_path.rglob("*"))
 
 
-def test_o_to_s3_from_a_shell_is_refused_and_makes_no_s3_folder(st_model, s3_env, corpus, tmp_path):
-    """The issue's own case, as a user runs it: `-o s3://corpus/x` exits 2 and leaves no `./s3:/corpus/`."""
+def test_o_to_a_missing_bucket_from_a_shell_is_refused_and_makes_no_s3_folder(s3_env, corpus, tmp_path):
+    """The issue's own case, as a user runs it: `-o s3://corpus/x` with no bucket `corpus` exits 1 in one line,
+    before the model loads (there is none), and leaves no `./s3:/corpus/`."""
     env = {**os.environ, **s3_env, "EMBEDCLI_DTYPE": "float32"}
-    done = subprocess.run([sys.executable, "-m", "embedcli", "embed", str(corpus), "-m", str(st_model), "-o",
+    done = subprocess.run([sys.executable, "-m", "embedcli", "embed", str(corpus), "-m", str(tmp_path / "none"), "-o",
                            "s3://corpus/x"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr
     assert done.stderr.strip().count("\n") == 0
-    assert "mkdir" not in done.stderr and "s3://corpus/x" in done.stderr
+    assert "mkdir" not in done.stderr and "s3://corpus/x" in done.stderr and "'corpus' does not exist" in done.stderr
     assert not (tmp_path / "s3:").exists()
 
 
