@@ -15,10 +15,12 @@ import hashlib
 import io
 import json
 import os
+import queue
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -612,6 +614,49 @@ def output_key_for(root: str, manifest: Manifest) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+_T = TypeVar("_T")
+_DONE = object()
+
+
+def _ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """`items`, made in a thread at most `depth` ahead: an assembly decodes the previous output's rows there
+    while this thread encodes the rows before them (both in Arrow, which lets go of the GIL)."""
+    handoff: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((True, _DONE))
+        except BaseException as e:  # handed to the consumer, raised there
+            put((False, e))
+
+    worker = threading.Thread(target=make, name="embedcli-assemble", daemon=True)
+    worker.start()
+    try:
+        while True:
+            ok, item = handoff.get()
+            if not ok:
+                raise item
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
 def write_index_sidecar(
     path: str, tables: Iterable[pa.Table], output_key: str, units: str | None, columns: Sequence[str] = INDEX_COLUMNS
 ) -> str:
@@ -662,7 +707,7 @@ def assemble_file(
             sidecar_tmp = write_index_sidecar(sidecar, file_tables(index_files, INDEX_ROW_GROUP_ROWS), output_key,
                                               manifest.units)
         writer = open_writer(output, schema, final_meta, fmt=fmt)
-        for table in rechunk(shard_tables(root, manifest, previous), schema, FINAL_ROW_GROUP_ROWS):
+        for table in _ahead(rechunk(shard_tables(root, manifest, previous), schema, FINAL_ROW_GROUP_ROWS)):
             writer.write(table)
         if sidecar_tmp is not None:
             os.replace(sidecar_tmp, sidecar)

@@ -19,13 +19,15 @@ import numpy as np
 import pyarrow as pa
 
 from embedcli.errors import InputError, TooManyErrors, display_path
-from embedcli.io.arrow_values import arrow_array, scattered, to_numpy
+from embedcli.io.arrow_values import arrow_array, scattered
 from embedcli.io.positions import Block, ReadPoint
 from embedcli.io.shards import INDEX_SCHEMA, KEY_TYPE, keys_array
 from embedcli.run.flags import RunFlags
 from embedcli.run.ids import SHIFT, IdSet, id_hashes, pack_locations
 from embedcli.run.source import concat_batches, null_text_error, slice_batch, subset
 
+UnreadIds = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+"""`(start, stop)` -> the id hashes and packed locations of a previous output's rows `[start, stop)`."""
 NULL_FIX = "fill in the text or drop the row (or pass --on-error skip)"
 _NO_ROWS = np.zeros(0, np.int64)
 
@@ -39,8 +41,9 @@ class Work:
     errors: list[InputError] = field(default_factory=list)
     end: ReadPoint | None = None  # where reading goes on after it
     grid_end: bool = False
-    # Output rows in order: ("read", n, None) for the next n rows of `batch`, ("unread", n, row index) for n
-    # rows carried over unread (their previous-output row index, locations of this run).
+    # Output rows in order: ("read", n, None) for the next n rows of `batch`, ("unread", n, locations) for n
+    # rows carried over unread (their packed locations in this run; the rest of their row index is the
+    # previous output's, of rows `unread_prev`).
     segments: list[tuple[str, int, Any]] = field(default_factory=list)
     src: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per output row: its row of `batch`, -1: unread
     unread_prev: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per output row: previous row if unread
@@ -175,11 +178,11 @@ class _Builder:
         self.segments.append(("read", n, None))
         self.read_rows += n
 
-    def unread_rows(self, index: pa.Table, prev: int) -> None:
-        n = index.num_rows
+    def unread_rows(self, locs: np.ndarray, prev: int) -> None:
+        n = len(locs)
         self.src.append(np.full(n, -1, np.int64))
         self.unread_prev.append(prev + np.arange(n, dtype=np.int64))
-        self.segments.append(("unread", n, index))
+        self.segments.append(("unread", n, locs))
 
     def work(self, records: int, batch: Any) -> Work:
         def cat(parts: list[np.ndarray]) -> np.ndarray:
@@ -202,12 +205,12 @@ def read_work(
     checks: RowChecks,
     *,
     open_reader: Callable[[Callable[[InputError], None] | None], Any] | None = None,
-    unread_index: Callable[[int, int], pa.Table] | None = None,
+    unread_index: UnreadIds | None = None,
 ) -> Iterator[Work]:
     """Read, check and `split` batches into work items (runs in the engine's prefetch thread); read time is
     added to `seconds["read"]`. `open_reader(on_bad_row)` opens the readers (a `BatchSource`'s); else
-    `batches` are iterated. `unread_index(start, stop)`: the previous output's row index of rows it gives
-    back whole."""
+    `batches` are iterated. `unread_index(start, stop)`: the id hashes and packed locations (its row index's
+    `idh`, `loc`) of the previous output's rows it gives back whole."""
     pending: list[InputError] = []  # filled by the reader under --on-error skip
     on_bad = pending.append if checks.skip_mode else None
     reader = open_reader(on_bad) if open_reader is not None else iter(batches)
@@ -243,7 +246,7 @@ def _files_of(batch: Any, n: int) -> np.ndarray:
 @dataclass
 class _Segment:
     """Rows of a batch in input order, checked but not yet registered: read rows (`part`, rows `valid` with
-    texts, `blocks`), or a stretch of blocks carried over unread (`index`, from previous row `prev`)."""
+    texts, `blocks`), or a stretch of blocks carried over unread (`unread`, from previous row `prev`)."""
 
     part: Any = None
     blocks: list[Block] = field(default_factory=list)
@@ -251,7 +254,7 @@ class _Segment:
     errors: list[InputError] = field(default_factory=list)
     h: np.ndarray = field(default_factory=lambda: _NO_ROWS)
     locs: np.ndarray = field(default_factory=lambda: _NO_ROWS)
-    index: pa.Table | None = None
+    unread: bool = False
     prev: int = 0
 
 
@@ -262,7 +265,7 @@ def _distinct(h: np.ndarray) -> bool:
 
 
 def _check_batch(
-    batch: Any, pending: list[InputError], checks: RowChecks, unread_index: Callable[[int, int], pa.Table] | None
+    batch: Any, pending: list[InputError], checks: RowChecks, unread_index: UnreadIds | None
 ) -> Work:
     """The work item of one batch (see `read_work`)."""
     out = _Builder()
@@ -288,14 +291,14 @@ def _check_batch(
     if _distinct(h) and not checks.ids.any_seen(h):  # no id seen before, none repeated: at once
         checks.ids.register(h, np.concatenate([s.locs for s in segments if len(s.h)]) if every else _NO_ROWS)
         for seg in segments:
-            if seg.index is not None:
+            if seg.unread:
                 _add_unread(out, seg)
             else:
                 out.errors.extend(seg.errors)
                 _add_read(out, seg, np.zeros(len(seg.valid), dtype=bool))
     else:  # in input order, each stretch against the ids before it
         for seg in segments:
-            if seg.index is None:
+            if not seg.unread:
                 drop, repeated = checks.repeats(seg.part, seg.valid, seg.h, seg.locs)
                 out.errors.extend([*seg.errors, *repeated])
                 _add_read(out, seg, drop)
@@ -312,15 +315,13 @@ def _check_batch(
     return work
 
 
-def _unread(index: pa.Table, prev: int, file: int, blocks: list[Block]) -> _Segment:
-    h = np.asarray(to_numpy(index.column("idh")), np.int64)
-    loc = np.asarray(to_numpy(index.column("loc")), np.int64)
+def _unread(ids: tuple[np.ndarray, np.ndarray], prev: int, file: int, blocks: list[Block]) -> _Segment:
+    h, loc = ids
     loc = (loc & ((1 << SHIFT) - 1)) | (np.int64(file) << SHIFT)  # where this run read it
-    index = index.set_column(index.schema.get_field_index("loc"), "loc", arrow_array(loc))
-    return _Segment(blocks=blocks, h=h, locs=loc, index=index, prev=prev)
+    return _Segment(blocks=blocks, h=h, locs=loc, unread=True, prev=prev)
 
 
-def _carried_segments(blocks: list[Block], unread_index: Callable[[int, int], pa.Table] | None) -> list[_Segment]:
+def _carried_segments(blocks: list[Block], unread_index: UnreadIds | None) -> list[_Segment]:
     """Consecutive blocks carried over unread, as stretches of contiguous previous rows (their row index read
     a stretch at a time)."""
     segments = []
@@ -344,15 +345,12 @@ def _carried_segments(blocks: list[Block], unread_index: Callable[[int, int], pa
 
 
 def _add_unread(out: _Builder, seg: _Segment) -> None:
-    assert seg.index is not None
-    out.unread_rows(seg.index, seg.prev)
-    for block in seg.blocks:
-        assert block.carried is not None
-        out.counts.append((block.file, block.group, block.carried.rows, block.carried.rows))
+    out.unread_rows(seg.locs, seg.prev)
+    out.counts += [(b.file, b.group, b.carried.rows, b.carried.rows) for b in seg.blocks if b.carried is not None]
 
 
 def _reread_blocks(
-    out: _Builder, seg: _Segment, checks: RowChecks, unread_index: Callable[[int, int], pa.Table] | None,
+    out: _Builder, seg: _Segment, checks: RowChecks, unread_index: UnreadIds | None,
     pending: list[InputError],
 ) -> None:
     """A stretch carried over unread in which an id seen earlier in the run is: block by block, each carried
@@ -406,9 +404,10 @@ def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
     out.read(seg.part, keep, seg.h[~drop], seg.locs[~drop])
 
 
-def index_table(work: Work) -> pa.Table:
+def index_table(work: Work, previous_index: Callable[[np.ndarray], pa.Table] | None = None) -> pa.Table:
     """The row index (INDEX_SCHEMA) of a work item's output rows: the rows read (keys, id hashes, locations,
-    blocks read whole), and the rows carried over unread (their previous row index, located in this run)."""
+    blocks read whole), and the rows carried over unread (their previous row index, `previous_index(rows)`,
+    located in this run)."""
     n = len(work.read_idh)
     keys = work.keys if work.keys is not None else np.zeros(n, f"S{KEY_TYPE.byte_width}")
     block = pa.nulls(n, KEY_TYPE)
@@ -423,14 +422,26 @@ def index_table(work: Work) -> pa.Table:
          block_rows],
         schema=INDEX_SCHEMA,
     )
-    unread = [t.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA) for kind, _, t in work.segments if kind == "unread"]
-    if not unread:
+    locs = [payload for kind, _, payload in work.segments if kind == "unread"]
+    if not locs:
         return read
-    both = pa.concat_tables([read, *unread])
+    assert previous_index is not None
     src = work.src
+    # one read of the previous row index for every stretch carried unread (thousands of them in a rerun
+    # whose changes are spread out), not one each
+    unread = _conformed(previous_index(work.unread_prev[src < 0]).replace_schema_metadata(None))
+    unread = unread.set_column(unread.schema.get_field_index("loc"), "loc", arrow_array(np.concatenate(locs)))
+    both = pa.concat_tables([read, unread])
     position = np.where(src >= 0, src, 0)
     position[src < 0] = n + np.arange(int((src < 0).sum()))
     return both.take(arrow_array(position)).combine_chunks()
+
+
+def _conformed(index: pa.Table) -> pa.Table:
+    """A previous output's row index in INDEX_SCHEMA (a select and cast only where it differs)."""
+    if index.schema.equals(INDEX_SCHEMA, check_metadata=False):
+        return index
+    return index.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
 
 
 def joined(works: list[Work]) -> Any:

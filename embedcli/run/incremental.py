@@ -208,7 +208,7 @@ class Carry:
             if table is not None and table.num_rows:
                 tables.append(table.replace_schema_metadata(None))
             refs.append(ref)
-            index.append(index_table(work))
+            index.append(index_table(work, self.previous.index_take if self.previous is not None else None))
             counts.computed_rows += k
             counts.carried_rows += work.rows - k
             counts.carried_unread += work.unread

@@ -290,7 +290,7 @@ class Pipeline:
             works = read_work(
                 self.job.source, self.carry.split, report.seconds, checks,
                 open_reader=self._open_reader(start, chars) if self.source is not None else None,
-                unread_index=previous.index_rows if previous is not None and previous.has_ids() else None,
+                unread_index=previous.id_rows if previous is not None and previous.has_ids() else None,
             )
             for pool in pooled(works, batch_rows, chars, batch_rows * POOL_RECORDS_PER_ROW):
                 held.append(pool)

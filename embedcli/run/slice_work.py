@@ -178,7 +178,7 @@ class SliceWork:
 
         def inputs() -> Iterator[Any]:
             works = read_work((), carry.split, result.seconds, checks, open_reader=open_reader,
-                              unread_index=previous.index_rows if previous is not None and previous.has_ids() else None)
+                              unread_index=previous.id_rows if previous is not None and previous.has_ids() else None)
             for work in works:
                 held.append(work)
                 yield self.codec.inputs(work.compute) if work.compute is not None else []
