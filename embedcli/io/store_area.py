@@ -48,7 +48,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from embedcli.errors import InputError, UsageError
+from embedcli.errors import EmbedcliError, InputError, UsageError
 from embedcli.io.commit import INDEX_SUFFIX, STAGING_SUFFIX
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import MANIFEST_NAME, META_DIR, Manifest
@@ -155,7 +155,7 @@ class Lease:
         if not self.held:
             return
         self.held = False
-        with contextlib.suppress(OutputError):
+        with contextlib.suppress(EmbedcliError):  # a store gone unreachable: the lease ends when it expires
             back = self._read()
             if back is not None and back.get("owner") == self.owner:
                 delete(self.url)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.objstore.test_s3_outputs import _corpus, _get, _jsonl, _keys
 
 
@@ -50,3 +52,44 @@ def test_run_batch_to_s3_equals_the_local_run(cli, st_model, bucket, s3_env, tmp
     assert _get(bucket, "out/responses.jsonl") == local.read_bytes()
     siblings = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("responses."))
     assert _keys(bucket) == [f"out/{name}" for name in siblings]
+
+
+def _whole_args(kind: str, tmp_path: Path, model: Path, out: object) -> list[object]:
+    docs = tmp_path / "docs.jsonl"
+    if not docs.exists():
+        docs.write_bytes(_corpus(8))
+        (tmp_path / "queries.jsonl").write_bytes(_jsonl([{"id": "q1", "text": "who won the election"},
+                                                          {"id": "q2", "text": "stock market news"}]))
+    queries = tmp_path / "queries.jsonl"
+    if kind.startswith("search"):
+        vectors = tmp_path / "vectors.parquet"
+        if not vectors.exists():
+            return ["embed", docs, "-m", model, "-o", vectors, "-q"]
+        return ["search", vectors, "--queries", queries, "--top-k", 3, "-m", model, "-o", out, "-q"]
+    return ["rerank", docs, "--queries", queries, "--top-n", 3, "-m", model, "-o", out, "-q"]
+
+
+@pytest.mark.parametrize("kind, ext", [("search", "parquet"), ("search", "jsonl"), ("rerank", "parquet"),
+                                       ("rerank", "jsonl")])
+def test_a_whole_output_to_s3_is_put_once_and_equals_the_local_run(cli, st_model, bucket, s3_env, tmp_path, kind,
+                                                                   ext):
+    if kind == "search":
+        cli(*_whole_args(kind, tmp_path, st_model, None))  # the vectors searched
+    local, url = tmp_path / f"hits.{ext}", bucket.url(f"out/hits.{ext}")
+    cli(*_whole_args(kind, tmp_path, st_model, local), env=s3_env)
+    cli(*_whole_args(kind, tmp_path, st_model, url), env=s3_env)
+    assert _get(bucket, f"out/hits.{ext}") == local.read_bytes()
+    siblings = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hits."))
+    assert _keys(bucket) == [f"out/{name}" for name in siblings]  # no staging prefix, no lease left behind
+    again = cli(*[a for a in _whole_args(kind, tmp_path, st_model, url) if a != "-q"], env=s3_env)
+    assert f"embedcli: {url} is already complete" in again.stderr
+
+
+def test_a_whole_output_over_an_object_embedcli_did_not_write_is_refused(cli, st_model, bucket, s3_env, tmp_path):
+    url = bucket.put("out/hits.parquet", b"not embedcli's")
+    result = cli(*_whole_args("rerank", tmp_path, st_model, url), code=2, env=s3_env)
+    assert f"{url} exists and was not written by embedcli" in result.stderr
+    assert _get(bucket, "out/hits.parquet") == b"not embedcli's"
+    cli(*_whole_args("rerank", tmp_path, st_model, url), "--overwrite", env=s3_env)
+    assert _get(bucket, "out/hits.parquet")[:4] == b"PAR1"
+    assert _keys(bucket) == ["out/hits.parquet"]
