@@ -93,3 +93,18 @@ def test_a_whole_output_over_an_object_embedcli_did_not_write_is_refused(cli, st
     cli(*_whole_args("rerank", tmp_path, st_model, url), "--overwrite", env=s3_env)
     assert _get(bucket, "out/hits.parquet")[:4] == b"PAR1"
     assert _keys(bucket) == ["out/hits.parquet"]
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8"])
+def test_int8_without_calibration_to_s3_equals_the_local_run(cli, st_model, bucket, s3_env, tmp_path, precision):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(_corpus(12))
+    args = ("embed", corpus, "-m", st_model, "--precision", precision, "--shard-rows", 5)
+    local, url = tmp_path / "v.parquet", bucket.url("out/v.parquet")
+    cli(*args, "-o", local, "-q", env=s3_env)
+    cli(*args, "-o", url, "-q", env=s3_env)
+    assert _get(bucket, "out/v.parquet") == local.read_bytes()
+    siblings = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("v."))
+    assert _keys(bucket) == [f"out/{name}" for name in siblings]  # the float32 spool object is gone with its index
+    again = cli(*args, "-o", url, env=s3_env)
+    assert f"embedcli: {url} is already complete" in again.stderr
