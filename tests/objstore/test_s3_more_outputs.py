@@ -108,3 +108,19 @@ def test_int8_without_calibration_to_s3_equals_the_local_run(cli, st_model, buck
     assert _keys(bucket) == [f"out/{name}" for name in siblings]  # the float32 spool object is gone with its index
     again = cli(*args, "-o", url, env=s3_env)
     assert f"embedcli: {url} is already complete" in again.stderr
+
+
+def test_a_whole_output_interrupted_while_written_leaves_no_object(cli, st_model, bucket, s3_env, tmp_path,
+                                                                  monkeypatch):
+    from embedcli.run.whole import WholeOutput
+
+    def interrupted(writer, tables, schema):  # type: ignore[no-untyped-def]
+        for table in tables:
+            writer.write(table.cast(schema))
+        writer.abort()
+        raise KeyboardInterrupt  # as Ctrl-C between the last row and the commit
+
+    monkeypatch.setattr(WholeOutput, "write", staticmethod(interrupted))
+    url = bucket.url("out/hits.parquet")
+    cli(*_whole_args("rerank", tmp_path, st_model, url), code=130, env=s3_env)
+    assert _keys(bucket) == []  # no output object, no lease
