@@ -40,7 +40,8 @@ def _options(on_error: str | None = None) -> list[tuple[str, Any, Any]]:
         )),
         ("previous", str | None, typer.Option(
             None, "--previous", envvar=_env("previous"), rich_help_panel=RESUME,
-            help="With --incremental: the earlier output to carry rows over from (default: the -o path).",
+            help="With --incremental: the earlier output to carry rows over from (default: the -o path); a local path, "
+            "s3://BUCKET/KEY or gs://BUCKET/KEY (fetched with its sidecars).",
         )),
         ("shards_dir", bool, typer.Option(
             False, "--shards-dir", envvar=_env("shards-dir"), rich_help_panel=RESUME,

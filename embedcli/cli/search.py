@@ -67,7 +67,7 @@ def search(
     trust_remote_code: bool = OPT_REMOTE,
     output: str = typer.Option(
         "-", "-o", "--output", envvar=env("output"), rich_help_panel=OUTPUT,
-        help="Output path: .parquet or .jsonl; - (default) writes JSONL to stdout.",
+        help="Output path or s3:// gs:// object: .parquet or .jsonl; - (default) writes JSONL to stdout.",
     ),
     output_format: str | None = typer.Option(
         None, "--output-format", envvar=env("output-format"), rich_help_panel=OUTPUT,

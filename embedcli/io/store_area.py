@@ -48,6 +48,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from embedcli.errors import EmbedcliError, InputError, UsageError
 from embedcli.io.commit import INDEX_SUFFIX, STAGING_SUFFIX
 from embedcli.io.errors import OutputError
 from embedcli.io.manifest import MANIFEST_NAME, META_DIR, Manifest
@@ -154,7 +155,7 @@ class Lease:
         if not self.held:
             return
         self.held = False
-        with contextlib.suppress(OutputError):
+        with contextlib.suppress(EmbedcliError):  # a store gone unreachable: the lease ends when it expires
             back = self._read()
             if back is not None and back.get("owner") == self.owner:
                 delete(self.url)
@@ -314,3 +315,25 @@ def output_area(path: str, lease_seconds: float = MIN_LEASE_SECONDS) -> Iterator
         yield area
     finally:
         area.close()
+
+
+@contextlib.contextmanager
+def fetched_output(flag: str, url: str) -> Iterator[str]:
+    """A private local copy of the output object `url` with the sidecars beside it (its row index, ...), as
+    `flag` reads it (`--previous`): its local path, removed on the way out. InputError when there is no such
+    object; a folder of a killed run is swept as a spool is."""
+    if url.endswith("/"):
+        raise UsageError(f"{flag} {url}: a directory of shards is not read from an object store yet; name one "
+                         "object (s3://BUCKET/out/vectors.parquet)")
+    _sweep_spools()
+    folder = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+    try:
+        name = url.rsplit("/", 1)[-1]
+        local = os.path.join(folder, name)
+        if not download(url, local):
+            raise InputError(url, f"no such object for {flag}", fix=f"check {flag}, or drop it for a full run")
+        for suffix in SIBLINGS:
+            download(url + suffix, local + suffix)
+        yield local
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

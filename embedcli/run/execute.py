@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
+from embedcli.io.objects import is_object_url
+from embedcli.io.store_area import fetched_output
 from embedcli.run.grid import batch_chars
 from embedcli.run.job import Job
 from embedcli.run.loop import run_pipeline
@@ -28,6 +32,19 @@ def run_job(job: Job) -> int:
     first (`embedcli.run.repair`); then the unattended loop (`embedcli.run.loop`) runs: staging, manifest,
     commit by rename, resume, refusing to mix, bad rows, exit codes.
     """
-    job = sliced(job)
-    repair_missing_shards(job, run_job)
-    return run_pipeline(job)
+    with local_previous(job) as job:
+        job = sliced(job)
+        repair_missing_shards(job, run_job)
+        return run_pipeline(job)
+
+
+@contextmanager
+def local_previous(job: Job) -> Iterator[Job]:
+    """`job` with `--previous s3://...` (`gs://`) read from a private local copy of the object and its sidecars,
+    fetched once here: every reader of `--previous` below takes a local path."""
+    url = job.flags.previous
+    if url is None or not is_object_url(url):
+        yield job
+        return
+    with fetched_output("--previous", url) as local:
+        yield replace(job, flags=replace(job.flags, previous=local))

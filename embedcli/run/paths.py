@@ -85,12 +85,12 @@ def check_no_clobber(
                 raise UsageError(f"{flag} {path} is also {other_flag} {other}: give each its own path")
 
 
-def check_foreign_file(path: str) -> None:
+def check_foreign_file(path: str, shown: str | None = None) -> None:
     """UsageError (exit 2) when `-o path` is a non-empty file that carries no embedcli metadata: a file
-    embedcli never wrote is not replaced without `--overwrite`."""
+    embedcli never wrote is not replaced without `--overwrite` (`shown`: the name to say, a local copy's URL)."""
     if path == STDIN or not os.path.isfile(path) or os.path.getsize(path) == 0:
         return
     raise UsageError(
-        f"{path} exists and was not written by embedcli (it has no embedcli metadata); "
+        f"{shown or path} exists and was not written by embedcli (it has no embedcli metadata); "
         "pass --overwrite to replace it, or choose another -o"
     )

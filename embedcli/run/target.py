@@ -62,7 +62,12 @@ def check_target(path: str, flags: RunFlags, inputs: Sequence[str] = (), stats_f
             check_writable(flag, side or "")
         else:
             refuse_url(flag, side, "a local path, s3://BUCKET/KEY or gs://BUCKET/KEY")
-    refuse_url("--previous", flags.previous, "the local path of the previous output")
+    if not is_object_url(flags.previous):  # an object is fetched when the run starts (`embedcli.run.execute`)
+        refuse_url("--previous", flags.previous, "the local path of the previous output, s3://BUCKET/KEY or "
+                   "gs://BUCKET/KEY")
+    elif (flags.previous or "").endswith("/"):
+        raise UsageError(f"--previous {flags.previous}: a directory of shards is not read from an object store "
+                         "yet; name one object (s3://BUCKET/out/vectors.parquet)")
     if inputs:
         expand_paths(inputs)
     written = [("-o", path), ("--stats", stats_file), ("--errors-file", flags.errors_file)]

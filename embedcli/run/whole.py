@@ -6,7 +6,9 @@ existing output made with another config, by another command, or a file embedcli
 with exit 2 unless `--overwrite`; staged work of another run at `-o` is refused the same way; the same
 command over the same inputs finds its output complete and does nothing. Publishing takes the staging
 lock, records the run in `OUT.embedcli-staging/` (so a kill between the data and sidecar renames is still
-recognised as this run's), writes through a temp file and renames it into place.
+recognised as this run's), writes through a temp file and renames it into place. An object output
+(`s3://`, `gs://`) is that file in a local spool, put whole in one upload at the end under the store's lease
+(`embedcli.io.store_area.StoreArea`): the object appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +45,7 @@ from embedcli.io.manifest import (
 from embedcli.io.objects import is_object_url
 from embedcli.io.readers import expand_paths
 from embedcli.io.shards import clear_dir, output_key_for, remove_tmp_files
+from embedcli.io.store_area import StoreArea
 from embedcli.io.stores.url import is_store_url, redact
 from embedcli.io.writers import open_writer, output_format
 from embedcli.run.flags import RunFlags
@@ -74,9 +78,6 @@ def check_whole(job: WholeJob) -> None:
     """Before any work: the paths `check_target` checks for every command, and one file (not a directory)."""
     if is_store_url(job.target.path):
         raise UsageError(f"{job.command} writes one file; -o {redact(job.target.path)} names a store table")
-    if is_object_url(job.target.path):
-        raise UsageError(f"-o {job.target.path}: {job.command} writes its output whole at the end, which is not "
-                         "written to an object store yet; write a local file (and copy it)")
     if is_shard_dir(job.target.path, job.flags):
         raise UsageError(f"{job.command} writes one file; -o {job.target.path} names a directory of shards")
     check_target(job.target.path, job.flags, list(job.inputs), job.reporting.stats_file)
@@ -95,6 +96,11 @@ class WholeOutput:
         self.options = dict(options)
         path = job.target.path
         self.stdout = path == STDIN
+        # an object (`s3://`, `gs://`): written as a local file in a spool, then put whole (`embedcli.io.store_area`)
+        self.area = StoreArea(path) if is_object_url(path) else None
+        self.local = self.area.local if self.area is not None else path
+        self._opened = False
+        self._close = weakref.finalize(self, self.area.close) if self.area is not None else None  # however it ends
         reads_stdin = any(p == STDIN for p in job.inputs)
         files = [] if reads_stdin or not job.inputs else expand_paths(list(job.inputs))
         self.fingerprints = None if len(files) != len(job.inputs) else input_fingerprints(files)
@@ -116,32 +122,41 @@ class WholeOutput:
         when it, or staged work at it, was made otherwise; None: there is work to do."""
         if self.stdout:
             return None
-        path, overwrite = self.job.target.path, self.job.flags.overwrite
+        try:
+            return self._settle()
+        except BaseException:
+            self.close()
+            raise
+
+    def _settle(self) -> int | None:
+        self._open()
+        shown, path, overwrite = self.job.target.path, self.local, self.job.flags.overwrite
         guard_staged_work(path, self.cfg_key, self.base_meta, overwrite)
         existing = output_metadata(path, self.job.target.fmt)
         if existing is None:
             if not overwrite and not self._own_staging():
-                check_foreign_file(path)
+                check_foreign_file(path, shown)
             return None
         if overwrite:
             return None
         if existing.get(KEY_CONFIG_KEY) != self.cfg_key:
             raise UsageError(
-                f"{path} was made with a different config ({describe_config_change(existing, self.base_meta)}); "
+                f"{shown} was made with a different config ({describe_config_change(existing, self.base_meta)}); "
                 "pass --overwrite to replace it, or choose another -o"
             )
         if self.job_key and existing.get(KEY_JOB) == self.job_key and existing.get(KEY_COMPLETE) == "true":
             if not self.job.reporting.quiet:
-                print(f"embedcli: {path} is already complete (same inputs and config): nothing to do",
+                print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do",
                       file=sys.stderr)
             shutil.rmtree(staging_dir(path), ignore_errors=True)  # a kill after the last rename left it
+            self.close()  # nothing to publish
             return EXIT_OK
         return None
 
     def _own_staging(self) -> bool:
         """Whether the staging area records an interrupted publish of this same config (its data file may
         already be in place without its sidecar)."""
-        manifest = Manifest.load(staging_dir(self.job.target.path))
+        manifest = Manifest.load(staging_dir(self.local))
         return manifest is not None and manifest.config_key == self.cfg_key
 
     def publish(self, tables: Sequence[Any], extra: dict[str, str] | None = None) -> None:
@@ -158,7 +173,14 @@ class WholeOutput:
             writer = open_writer(STDIN, schema, {**self.base_meta, **extra}, fmt=self.job.target.fmt)
             self.write(writer, tables, schema)
             return
-        path = self.job.target.path
+        try:
+            self._publish(schema, rows, tables, extra)
+        finally:
+            self.close()
+
+    def _publish(self, schema: Any, rows: int, tables: Iterable[Any], extra: dict[str, str]) -> None:
+        self._open()
+        path = self.local
         root = staging_dir(path)
         make_staging_dir(root, path)  # refuses a symlink planted at the staging path
         with StagingLock(root, path):
@@ -176,6 +198,20 @@ class WholeOutput:
             self.write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
             unlink_quiet(index_sidecar(path))  # an earlier output's row index does not describe this one
         shutil.rmtree(root, ignore_errors=True)
+        if self.area is not None:  # the whole file put in one upload (sidecars first): an object whole or none
+            self.area.publish()
+
+    def _open(self) -> None:
+        """For an object output: take its lease and fetch the existing output (and staged work) into the spool."""
+        if self.area is None or self._opened:
+            return
+        self._opened = True
+        self.area.open()
+
+    def close(self) -> None:
+        """For an object output: release its lease and remove the spool (nothing for a local one)."""
+        if self._close is not None:
+            self._close()
 
     @staticmethod
     def write(writer: Any, tables: Iterable[Any], schema: Any) -> None:

@@ -15,12 +15,14 @@ import pyarrow.parquet as pq
 
 from embedcli.compute.build import embed_recipe
 from embedcli.errors import UsageError
+from embedcli.io.commit import INDEX_SUFFIX
 from embedcli.io.location import refuse_url
 from embedcli.io.manifest import (
     index_sidecar,
     output_metadata,
 )
-from embedcli.io.objects import is_object_url
+from embedcli.io.objects import delete, is_object_url
+from embedcli.io.store_area import fetched_output
 from embedcli.io.stores.url import is_store_url
 from embedcli.io.writers import embedding_array, embedding_matrix, open_writer
 from embedcli.models.spec import ModelSpec
@@ -168,7 +170,7 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
             "--shards-dir cannot see at once; pass --calibration FILE (e.g. an earlier float32 or "
             f"{quant.precision} output) so every row is quantized with the same ranges"
         )
-    if is_store_url(job.target.path) or is_object_url(job.target.path):
+    if is_store_url(job.target.path):
         raise UsageError(
             f"--precision {quant.precision} takes its ranges from the whole output, which a store output does not "
             "see at once; pass --calibration FILE (e.g. an earlier float32 output) to write it to a store"
@@ -179,7 +181,9 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
             return _spooled(job, quant, os.path.join(spool_dir, "float32.parquet"), None)
         finally:
             shutil.rmtree(spool_dir, ignore_errors=True)
-    spool = os.path.abspath(job.target.path) + SPOOL_SUFFIX
+    # an object output's spool is an object beside it, written (and resumed) as any object output is
+    url = is_object_url(job.target.path)
+    spool = job.target.path + SPOOL_SUFFIX if url else os.path.abspath(job.target.path) + SPOOL_SUFFIX
     job = sliced(job)  # the slice is cut once, for the spool and the output's keys alike
     out = _quantized_output(job)
     done = out.settle()  # the output checks of every command that publishes a whole output
@@ -202,6 +206,10 @@ def _quantized_output(job: Job) -> WholeOutput:
 
 def _remove_spool(spool: str) -> None:
     """Delete the float32 spool and its index sidecar once the quantized output is published."""
+    if is_object_url(spool):
+        delete(spool + INDEX_SUFFIX)  # first: an index with no output describes nothing
+        delete(spool)
+        return
     for leftover in (spool, index_sidecar(spool)):
         if os.path.exists(leftover):
             os.remove(leftover)
@@ -210,7 +218,11 @@ def _remove_spool(spool: str) -> None:
 def _spooled(job: Job, quant: Quantizer, spool: str, out: WholeOutput | None) -> int:
     """Run `job` into a float32 Parquet `spool`, then quantize the spool into the job's output."""
     code = run_job(replace(job, target=Target(spool, "parquet")))
-    _quantize_spool(spool, job, quant, out)
+    if not is_object_url(spool):
+        _quantize_spool(spool, job, quant, out)
+        return code
+    with fetched_output("--precision", spool) as local:  # read whole twice: a local copy
+        _quantize_spool(local, job, quant, out)
     return code
 
 

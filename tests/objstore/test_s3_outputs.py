@@ -152,8 +152,7 @@ def test_score_to_s3_equals_the_local_run(cli, st_model, bucket, s3_env, tmp_pat
 
 
 @pytest.mark.parametrize("args, says", [
-    (("search", "{v}", "--query", "q", "-o", "{out}"), "search writes its output whole"),
-    (("embed", "{c}", "--precision", "int8", "-o", "{out}"), "--precision int8 takes its ranges"),
+    (("embed", "{c}", "--precision", "int8", "--incremental", "-o", "{out}"), "--precision int8 takes its ranges"),
 ])
 def test_whole_outputs_to_an_object_are_refused_in_one_line(cli, st_model, bucket, s3_env, tmp_path, args, says):
     corpus = bucket.put("in/c.jsonl", _corpus(3))

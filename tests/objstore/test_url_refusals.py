@@ -1,5 +1,5 @@
-"""A URL where embedcli cannot take one yet (a directory of shards, `hf://` outputs, `--previous`, `--calibration`,
-search's whole output; merge and inspect, which read an output's structure) or a scheme it does not read: refused in
+"""A URL where embedcli cannot take one yet (a directory of shards, `hf://` outputs or `--previous`, `--calibration`;
+merge and inspect, which read an output's structure) or a scheme it does not read: refused in
 one line, exit 2, and nothing local named `s3:` made. An object output whose bucket does not exist: exit 1, one line,
 before the model loads."""
 
@@ -21,10 +21,12 @@ OUTPUT_PLACES = [
     ("--stats hf", ["embed", "{corpus}", "-o", "v.parquet", "--stats", "hf://datasets/o/n/stats.json"]),
     ("-o hf", ["embed", "{corpus}", "-o", "hf://datasets/org/name/vectors.parquet"]),
     ("-o file", ["embed", "{corpus}", "-o", "file:///tmp/vectors.parquet"]),
-    ("--previous", ["embed", "{corpus}", "-o", "v.parquet", "--incremental", "--previous", "s3://corpus/v.parquet"]),
+    ("--previous dir", ["embed", "{corpus}", "-o", "v.parquet", "--incremental", "--previous", "s3://corpus/out/"]),
+    ("--previous hf", ["embed", "{corpus}", "-o", "v.parquet", "--incremental", "--previous",
+                       "hf://datasets/o/n/v.parquet"]),
     ("--calibration", ["embed", "{corpus}", "-o", "v.parquet", "--precision", "int8", "--calibration",
                        "s3://corpus/calibration.npy"]),
-    ("search -o", ["search", "s3://corpus/v.parquet", "--query", "q", "-o", "s3://corpus/hits.parquet"]),
+    ("search -o dir", ["search", "s3://corpus/v.parquet", "--query", "q", "-o", "s3://corpus/hits/"]),
     ("merge inputs", ["merge", "s3://corpus/out/", "-o", "m.parquet"]),
     ("merge -o", ["merge", "{corpus}", "-o", "s3://corpus/m.parquet"]),
     ("inspect", ["inspect", "s3://corpus/v.parquet"]),
