@@ -65,10 +65,7 @@ class SearchSpace:
     def scores(self, queries: np.ndarray, block: np.ndarray) -> np.ndarray:
         """`[q, b]` float64 scores of encoded queries against a block of stored vectors."""
         if self.precision in FLOAT_PRECISIONS:
-            # float64 products of float32 values are exact and the float64 sum is far below a float32 ulp, so
-            # rounded to the float32 that is written, a row's score does not depend on its block: equal rows tie.
-            cos = _unit(queries).astype(np.float64) @ _unit(block).astype(np.float64).T
-            return cos.astype(np.float32).astype(np.float64)
+            return unit_scores(_unit(queries), _unit(block))
         if self.precision in SCALAR_PRECISIONS:
             return _int_dot(queries, block)
         bits = self.dim or block.shape[1] * 8
@@ -93,6 +90,25 @@ class SearchSpace:
         else:
             vectors = candidates.astype(np.float64)
         return np.einsum("ij,ikj->ik", q, vectors).astype(np.float32).astype(np.float64)
+
+
+def unit_scores(unit_queries: np.ndarray, unit_rows: np.ndarray) -> np.ndarray:
+    """`[q, b]` cosines of unit float32 vectors, exactly rounded to float32 (as float64)."""
+    # float64 products of float32 values are exact and the float64 sum is far below a float32 ulp, so
+    # rounded to the float32 that is written, a row's score does not depend on its block: equal rows tie.
+    cos = unit_queries.astype(np.float64) @ unit_rows.astype(np.float64).T
+    return cos.astype(np.float32).astype(np.float64)
+
+
+def float32_margin(dim: int) -> float:
+    """A bound on |float32 GEMM cosine - exactly rounded cosine| for unit vectors of `dim` floats.
+
+    Any float32 summation order of a dot product errs by at most gamma_n * sum |q_i x_i| (gamma_n = n u / (1 - n u),
+    u = 2^-24), and sum |q_i x_i| <= |q| |x| <= 1 (+ rounding of the unit vectors); the exact score adds half an
+    ulp. Twice that and 1e-6 to spare."""
+    u = 2.0**-24
+    n = max(dim, 1) + 2
+    return 2 * (n * u / (1 - n * u)) * 1.001 + 1e-6
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -133,10 +149,19 @@ class TopK:
         self.rows = np.zeros((num_queries, 0), dtype=np.int64)
         self.payload: np.ndarray | None = None  # per query, the stored vector of each kept row
 
-    def add(self, scores: np.ndarray, first_row: int, block: np.ndarray | None = None) -> None:
-        """Offer a block's `[q, b]` scores for rows `first_row ...`; `block` keeps the candidates' vectors."""
+    def floor(self) -> np.ndarray:
+        """Per query, the k-th best score held (-inf while fewer than k are held): a row below it cannot enter."""
+        if self.scores.shape[1] < self.k:
+            return np.full(len(self.scores), -np.inf)
+        return self.scores[:, self.k - 1]
+
+    def add(self, scores: np.ndarray, first_row: int, block: np.ndarray | None = None,
+            row_numbers: np.ndarray | None = None) -> None:
+        """Offer a block's `[q, b]` scores for rows `first_row ...` (or the increasing `row_numbers`);
+        `block` keeps the candidates' vectors."""
         nq, b = scores.shape
-        rows = np.broadcast_to(np.arange(first_row, first_row + b, dtype=np.int64), (nq, b))
+        numbers = np.arange(first_row, first_row + b, dtype=np.int64) if row_numbers is None else row_numbers
+        rows = np.broadcast_to(numbers, (nq, b))
         all_scores = np.concatenate([self.scores, scores], axis=1)
         all_rows = np.concatenate([self.rows, rows], axis=1)
         keep = best_positions(all_scores, all_rows, self.k)
@@ -192,6 +217,12 @@ def search_blocks(
     rescoring = rescore_multiplier > 0 and space.quantized
     chunks = [slice(i, min(i + query_chunk, len(queries))) for i in range(0, len(queries), query_chunk)]
     tops = [TopK(c.stop - c.start, k * rescore_multiplier if rescoring else k) for c in chunks]
+    # Float vectors: a float32 GEMM (half a float64 one's time) picks the rows that can still enter each query's
+    # top k, within a proven error bound of the exact score; only those rows get the exact (float64) score. The
+    # same rows, scores and order as scoring every row exactly.
+    prefilter = space.precision in FLOAT_PRECISIONS and len(queries) > 0
+    unit_queries = _unit(encoded) if prefilter else encoded
+    margin = float32_margin(queries.shape[-1]) if prefilter else 0.0
     first = usable = 0
     for item in blocks:
         block, valid = item if isinstance(item, tuple) else (item, None)
@@ -200,6 +231,16 @@ def search_blocks(
             usable += int(ok.sum())
             if not ok.all():
                 block = np.where(ok[:, None], block, np.zeros((), block.dtype))
+            if prefilter:
+                unit_block = _unit(block)
+                for c, top in zip(chunks, tops, strict=True):
+                    approx = unit_queries[c] @ unit_block.T
+                    cand = (approx >= (top.floor() - margin).astype(np.float32)[:, None]) & ok
+                    cols = np.flatnonzero(cand.any(axis=0))
+                    if len(cols):
+                        top.add(unit_scores(unit_queries[c], unit_block[cols]), first, row_numbers=cols + first)
+                first += len(block)
+                continue
             for c, top in zip(chunks, tops, strict=True):
                 scores = space.scores(encoded[c], block)
                 scores[:, ~ok] = -np.inf

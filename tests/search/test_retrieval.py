@@ -131,3 +131,20 @@ def test_float32_matches_faiss_index_flat_ip(block: int) -> None:
     scores, rows = search_blocks(q, _blocks(x, block), 10, SearchSpace("float32", 48))
     np.testing.assert_array_equal(rows, want_rows)
     np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [64, 1000])
+def test_float32_near_ties_across_blocks_are_exact(block: int) -> None:
+    """Rows whose cosines differ by less than a float32 GEMM's error: the float32 prefilter keeps every row that
+    can enter the top k, so rows and scores are those of every row scored exactly, ties to the earlier row."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((40, 32)).astype(np.float32)
+    x = np.repeat(base, 50, axis=0) + rng.standard_normal((2000, 32)).astype(np.float32) * 1e-6
+    q = base[:5] + rng.standard_normal((5, 32)).astype(np.float32) * 1e-3
+    # Every row scored exactly (SearchSpace.scores, the score's definition), then the brute force's order.
+    space = SearchSpace("float32", 32)
+    exact = space.scores(q, x)
+    want_scores, want_rows = _brute(exact, 25)
+    scores, rows = search_blocks(q, _blocks(x, block), 25, space)
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_array_equal(scores, want_scores)
