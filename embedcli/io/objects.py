@@ -81,6 +81,12 @@ def upload(local: str, url: str) -> None:
         raise _failed(url, e) from None
 
 
+
+def _missing_object(e: OSError) -> bool:
+    """Whether a store error says the object is not there (pyarrow's S3 answer to a missing key is an OSError)."""
+    text = str(e).lower()
+    return "not found" in text or "nosuchkey" in text
+
 def download(url: str, local: str) -> bool:
     """Copy the object `url` to the new local file `local`; False when there is no such object."""
     loc = locate(url)
@@ -96,7 +102,7 @@ def download(url: str, local: str) -> bool:
     except FileNotFoundError:
         return False
     except OSError as e:
-        if "not found" in str(e).lower() or "nosuchkey" in str(e).lower():  # pyarrow's S3 answer to a missing key
+        if _missing_object(e):
             return False
         raise OutputError(url, f"cannot read it back: {_one_line(e)}") from None
     return True
@@ -111,7 +117,7 @@ def read_object(url: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        if "not found" in str(e).lower() or "nosuchkey" in str(e).lower():
+        if _missing_object(e):
             return None
         raise OutputError(url, f"cannot read it: {_one_line(e)}") from None
 
@@ -149,7 +155,7 @@ def delete(url: str) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        if "not found" in str(e).lower() or "nosuchkey" in str(e).lower():
+        if _missing_object(e):
             return
         raise OutputError(url, f"cannot delete it: {_one_line(e)}") from None
 
@@ -162,6 +168,6 @@ def delete_prefix(prefix_url: str) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        if "not found" in str(e).lower() or "nosuchkey" in str(e).lower():
+        if _missing_object(e):
             return
         raise OutputError(prefix_url, f"cannot delete it: {_one_line(e)}") from None

@@ -14,14 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.objstore.test_s3_resume import WORDS, _env
+
 ROWS = 800
 SHARD_ROWS = 40
-WORDS = "the market shares rise after bank talks film won best album award quick brown fox jumps lazy dog".split()
-
-
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    return {**os.environ, "EMBEDCLI_DTYPE": "float32", "EMBEDCLI_THREADS": "1", "OMP_NUM_THREADS": "1",
-            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 
 def _argv(source: str, model: Path, out: str, *extra: str) -> list[str]:
