@@ -50,8 +50,7 @@ def install() -> None:
     make: Any = build
 
     @dataclass(frozen=True)
-    class AsIs(base):  # type: ignore[misc,valid-type]
-        # ^ typer's RuntimeParam is untyped here (a private module): its subclass is as typed as it is
+    class AsIs(base):  # type: ignore[misc,valid-type]  # typer's RuntimeParam is untyped (a private module)
         """typer's runtime coercion of one parameter, with the pass-through in front."""
 
         descriptor: Any = None
