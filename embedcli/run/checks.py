@@ -125,6 +125,14 @@ class RowChecks:
             drop[j] = True
         return drop, errors
 
+    def whole(self, batch: Any, files: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(id hashes, packed locations) of every row of a batch when every row has its texts, else None."""
+        extra = list(batch.extra_texts.values())
+        if any(t is None for t in batch.texts) or any(v is None for col in extra for v in col):
+            return None
+        numbers = np.asarray(batch.numbers, np.int64) if batch.numbers else np.zeros(len(batch), np.int64)
+        return id_hashes(batch.ids), pack_locations(files, numbers)
+
     def check(self, batch: Any, files: np.ndarray) -> tuple[np.ndarray, list[InputError], np.ndarray, np.ndarray]:
         """(rows kept, bad rows, their id hashes, packed locations) of a batch's rows (`files`: each row's input)."""
         valid, errors, h, locs = self.valid(batch, files)
@@ -155,7 +163,7 @@ class _Builder:
     """The output rows of one work item, segment by segment."""
 
     def __init__(self) -> None:
-        self.batches: list[Any] = []
+        self.batches: list[tuple[Any, list[np.ndarray]]] = []  # batches read, and the rows of each kept
         self.read_rows = 0  # rows of `batches` so far
         self.segments: list[tuple[str, int, Any]] = []
         self.src: list[np.ndarray] = []
@@ -170,7 +178,11 @@ class _Builder:
         n = len(keep)
         if not n:
             return
-        self.batches.append(subset(batch, keep))
+        last = self.batches[-1] if self.batches else None
+        if last is not None and last[0] is batch:  # rows of the batch read before: one subset at the end
+            last[1].append(keep)
+        else:
+            self.batches.append((batch, [keep]))
         self.src.append(self.read_rows + np.arange(n, dtype=np.int64))
         self.unread_prev.append(np.full(n, -1, np.int64))
         self.idh.append(h)
@@ -190,7 +202,8 @@ class _Builder:
 
         joined = None
         if self.batches:
-            joined = self.batches[0] if len(self.batches) == 1 else concat_batches(self.batches)
+            parts = [subset(b, keep[0] if len(keep) == 1 else np.concatenate(keep)) for b, keep in self.batches]
+            joined = parts[0] if len(parts) == 1 else concat_batches(parts)
         return Work(
             records=records, batch=joined, errors=self.errors, end=batch.end, grid_end=batch.grid_end,
             segments=self.segments, src=cat(self.src), unread_prev=cat(self.unread_prev),
@@ -256,6 +269,7 @@ class _Segment:
     locs: np.ndarray = field(default_factory=lambda: _NO_ROWS)
     unread: bool = False
     prev: int = 0
+    at: int = 0  # the row of `part` that is the first row of `blocks` (0: `part` is those blocks' rows alone)
 
 
 def _distinct(h: np.ndarray) -> bool:
@@ -273,6 +287,9 @@ def _check_batch(
     blocks: list[Block] = batch.blocks or [Block(0, 0, 0, len(batch), errors=len(pending))]
     records = sum(b.records for b in blocks) if batch.blocks else len(batch) + len(pending)
     files = _files_of(batch, len(batch))
+    # Every row with its texts (the usual case): hash and locate the batch's ids once, not per read stretch
+    # (scattered changes cut a batch into thousands of stretches).
+    whole = checks.whole(batch, files) if len(batch) else None
     segments: list[_Segment] = []
     i = 0
     while i < len(blocks):
@@ -284,7 +301,7 @@ def _check_batch(
         else:
             while j < len(blocks) and blocks[j].carried is None:
                 j += 1
-            segments.append(_read_segment(batch, blocks[i:j], files, checks))
+            segments.append(_read_segment(batch, blocks[i:j], files, checks, whole))
         i = j
     every = [s.h for s in segments if len(s.h)]
     h = np.concatenate(every) if every else _NO_ROWS
@@ -376,9 +393,16 @@ def _reread_blocks(
         out.errors.extend(pending[before:])
 
 
-def _read_segment(batch: Any, blocks: list[Block], files: np.ndarray, checks: RowChecks) -> _Segment:
-    """The rows read of consecutive `blocks` of `batch`, their texts checked (ids not yet registered)."""
+def _read_segment(
+    batch: Any, blocks: list[Block], files: np.ndarray, checks: RowChecks,
+    whole: tuple[np.ndarray, np.ndarray] | None = None,
+) -> _Segment:
+    """The rows read of consecutive `blocks` of `batch`, their texts checked (ids not yet registered);
+    `whole`: the id hashes and packed locations of every row of `batch`, all of them with their texts."""
     lo, hi = blocks[0].first, blocks[-1].stop
+    if whole is not None:
+        return _Segment(part=batch, blocks=blocks, valid=np.arange(lo, hi, dtype=np.int64), h=whole[0][lo:hi],
+                        locs=whole[1][lo:hi], at=lo)
     part = batch if (lo, hi) == (0, len(batch)) else slice_batch(batch, lo, hi)
     valid, errors, h, locs = checks.valid(part, files[lo:hi])
     return _Segment(part=part, blocks=blocks, valid=valid, errors=errors, h=h, locs=locs)
@@ -393,7 +417,7 @@ def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
     keep = seg.valid[~drop]
     first = out.read_rows
     kept = np.zeros(hi - lo, dtype=bool)
-    kept[keep] = True
+    kept[keep - seg.at] = True
     kept_before = np.concatenate([[0], np.cumsum(kept)])
     for block in blocks:
         a, b = block.first - lo, block.stop - lo
