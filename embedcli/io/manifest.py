@@ -316,6 +316,12 @@ class StagingLock:
 # Reading what an existing output says about itself
 
 
+def embedcli_metadata(raw: Mapping[bytes, bytes]) -> dict[str, str] | None:
+    """A Parquet schema's key-value metadata as text, or None when it carries no embedcli key."""
+    meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
+    return meta if any(k.startswith("embedcli.") for k in meta) else None
+
+
 def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
     """The embedcli key-value metadata of an existing output file or shard directory, or None.
 
@@ -334,14 +340,13 @@ def output_metadata(path: str, fmt: str | None = None) -> dict[str, str] | None:
             raw = pq.read_schema(arrow_source(path)).metadata or {}
         except (pa.ArrowException, OSError):
             return None
-        meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
-    else:
-        sidecar = read_json_file(f"{path}.meta.json")
-        if not sidecar or not isinstance(sidecar.get("metadata"), dict):
-            return None
-        meta = {str(k): str(v) for k, v in sidecar["metadata"].items()}
-        if KEY_COMPLETE in meta and check_sidecar(path, sidecar):
-            meta[KEY_COMPLETE] = "false"  # the sidecar names other bytes (a commit cut between renames)
+        return embedcli_metadata(raw)
+    sidecar = read_json_file(f"{path}.meta.json")
+    if not sidecar or not isinstance(sidecar.get("metadata"), dict):
+        return None
+    meta = {str(k): str(v) for k, v in sidecar["metadata"].items()}
+    if KEY_COMPLETE in meta and check_sidecar(path, sidecar):
+        meta[KEY_COMPLETE] = "false"  # the sidecar names other bytes (a commit cut between renames)
     return meta if any(k.startswith("embedcli.") for k in meta) else None
 
 

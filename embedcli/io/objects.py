@@ -108,6 +108,26 @@ def download(url: str, local: str) -> bool:
     return True
 
 
+def parquet_schema_metadata(url: str) -> dict[bytes, bytes] | None:
+    """The key-value metadata of a Parquet object's schema, read from its footer alone (ranged reads, not the
+    object); None when there is no such object or it is not Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    loc = locate(url)
+    try:
+        with loc.fs.open_input_file(loc.path) as f:
+            return dict(pq.read_schema(f).metadata or {})
+    except FileNotFoundError:
+        return None
+    except pa.ArrowInvalid:
+        return None  # not Parquet: the caller reads the object whole
+    except OSError as e:
+        if _missing_object(e):
+            return None
+        raise OutputError(url, f"cannot read it: {_one_line(e)}") from None
+
+
 def read_object(url: str) -> bytes | None:
     """The bytes of a small object, or None when there is none."""
     loc = locate(url)

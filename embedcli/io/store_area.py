@@ -12,8 +12,9 @@ spool is mirrored to the store at three points:
   takes the staging over, and with the whole prefix when the output is published.
 - **Start.** The staged manifest and the objects it names are fetched into the spool, so a run killed (even
   `kill -9`) resumes from the store as from a local staging folder: no committed row is read or computed again.
-  The existing output object and its sidecars (`URL.embedcli-index.parquet`, ...) are fetched too: they say
-  whether the output is complete or made otherwise, and `--incremental` carries rows over from them.
+  Whether an existing output is complete or made otherwise comes from a Parquet object's footer alone, so a rerun
+  that finds it complete (a cron job's nightly no-op) fetches none of it; a run with work to do then fetches the
+  output object and its sidecars (`URL.embedcli-index.parquet`, ...): `--incremental` carries rows over from them.
 - **Publish.** Sidecars first, the output object last, each put in one request (a multipart upload when large:
   S3 and GCS make an object visible only once its upload completes, which stands for the local rename); then
   the staging prefix is deleted (its manifest first, then the rest with the lease).
@@ -51,13 +52,15 @@ from typing import Any
 from embedcli.errors import EmbedcliError, InputError, UsageError
 from embedcli.io.commit import INDEX_SUFFIX, STAGING_SUFFIX
 from embedcli.io.errors import OutputError
-from embedcli.io.manifest import MANIFEST_NAME, META_DIR, Manifest
+from embedcli.io.formats import output_format
+from embedcli.io.manifest import MANIFEST_NAME, META_DIR, Manifest, embedcli_metadata, output_metadata
 from embedcli.io.objects import (
     delete,
     delete_prefix,
     download,
     is_object_url,
     list_under,
+    parquet_schema_metadata,
     put_bytes,
     read_object,
     upload,
@@ -207,13 +210,32 @@ class StoreArea:
 
     # -- start ---------------------------------------------------------------------------------------
     def open(self) -> None:
-        """Take the lease, fetch the staged work it guards and the existing output into the spool."""
+        """Take the lease and fetch the staged work it guards into the spool (the existing output waits for
+        `existing_metadata` / `fetch_output`)."""
         self.lease.acquire()
         named = self._fetch_staging()
         for obj in list_under(self.staging):  # what no manifest names: a killed run's leftovers
             rel = obj[len(self.staging) + 1 :]
             if rel not in named and rel not in (MANIFEST_KEY, LOCK_NAME):
                 delete(obj)
+
+    def existing_metadata(self, fmt: str | None) -> dict[str, str] | None:
+        """The existing output's embedcli metadata. A Parquet object's comes from its footer alone, so a rerun
+        that finds its output complete (a nightly no-op) reads none of its rows; any other output is fetched
+        first and read as a local one is (a JSONL/npy sidecar names the output's bytes; a foreign file is
+        refused from its local copy)."""
+        if not self._fetched and output_format(self.local, fmt, reading=True) == "parquet":
+            raw = parquet_schema_metadata(self.url)
+            meta = embedcli_metadata(raw) if raw is not None else None
+            if meta is not None:
+                return meta
+        self.fetch_output()
+        return output_metadata(self.local, fmt)
+
+    def fetch_output(self) -> None:
+        """Fetch the existing output object and its sidecars into the spool (once)."""
+        if self._fetched:
+            return
         for name in (*(self.name + s for s in SIBLINGS), self.name):
             local = os.path.join(self.spool, name)
             download(self._url(name), local)
@@ -291,6 +313,13 @@ class LocalArea:
 
     def open(self) -> None:
         """Nothing to fetch."""
+
+    def existing_metadata(self, fmt: str | None) -> dict[str, str] | None:
+        """The existing output's embedcli metadata (`output_metadata`)."""
+        return output_metadata(self.local, fmt)
+
+    def fetch_output(self) -> None:
+        """Nothing to fetch: the output is where it is named."""
 
     def committed(self, manifest: Manifest) -> None:
         """Nothing to mirror: the local manifest rename was the commit."""

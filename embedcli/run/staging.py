@@ -40,7 +40,6 @@ from embedcli.io.manifest import (
     StagingLock,
     make_staging_dir,
     output_error,
-    output_metadata,
     staging_dir,
 )
 from embedcli.io.positions import ReadPoint
@@ -285,10 +284,12 @@ def _run_in(p: Pipeline, area: OutputArea) -> int:
     lock = StagingLock(root, target.path).acquire()
     created_manifest = False
     try:
-        existing = output_metadata(target.path, None if target.mode == "dir" else p.job.target.fmt)
+        # a store's Parquet output: from its footer, so a run that finds it complete fetches none of it
+        existing = area.existing_metadata(None if target.mode == "dir" else p.job.target.fmt)
         if _check_existing(p, existing):
             assert existing is not None  # complete means there is an output
             return _already_complete(p, existing, root, lock, area)
+        area.fetch_output()  # the run goes on: `--incremental` in place reads it, publish replaces it
         manifest, created_manifest = _resume_or_start(p, root)
         p.manifest = manifest
         p.open_previous(target.path if existing is not None else None, existing)

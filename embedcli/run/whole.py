@@ -132,6 +132,12 @@ class WholeOutput:
         self._open()
         shown, path, overwrite = self.job.target.path, self.local, self.job.flags.overwrite
         guard_staged_work(path, self.cfg_key, self.base_meta, overwrite)
+        if self.area is not None:
+            # a store's Parquet output: from its footer, so a rerun that finds it complete fetches none of it
+            early = self.area.existing_metadata(self.job.target.fmt)
+            if early is not None and not overwrite and self._complete(early):
+                return self._nothing_to_do(shown, path)
+            self.area.fetch_output()
         existing = output_metadata(path, self.job.target.fmt)
         if existing is None:
             if not overwrite and not self._own_staging():
@@ -144,14 +150,21 @@ class WholeOutput:
                 f"{shown} was made with a different config ({describe_config_change(existing, self.base_meta)}); "
                 "pass --overwrite to replace it, or choose another -o"
             )
-        if self.job_key and existing.get(KEY_JOB) == self.job_key and existing.get(KEY_COMPLETE) == "true":
-            if not self.job.reporting.quiet:
-                print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do",
-                      file=sys.stderr)
-            shutil.rmtree(staging_dir(path), ignore_errors=True)  # a kill after the last rename left it
-            self.close()  # nothing to publish
-            return EXIT_OK
+        if self._complete(existing):
+            return self._nothing_to_do(shown, path)
         return None
+
+    def _complete(self, existing: dict[str, str]) -> bool:
+        """Whether an output with this metadata already holds this job's whole result."""
+        return (bool(self.job_key) and existing.get(KEY_CONFIG_KEY) == self.cfg_key
+                and existing.get(KEY_JOB) == self.job_key and existing.get(KEY_COMPLETE) == "true")
+
+    def _nothing_to_do(self, shown: str, path: str) -> int:
+        if not self.job.reporting.quiet:
+            print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do", file=sys.stderr)
+        shutil.rmtree(staging_dir(path), ignore_errors=True)  # a kill after the last rename left it
+        self.close()  # nothing to publish
+        return EXIT_OK
 
     def _own_staging(self) -> bool:
         """Whether the staging area records an interrupted publish of this same config (its data file may
