@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -12,6 +13,7 @@ import pytest
 
 from embedcli.errors import EXIT_USAGE, UsageError
 from embedcli.io.stores import open_store
+from tests.stores.pg_server import PgServer
 from tests.stores.store_helpers import (
     Corpus,
     assert_same,
@@ -111,3 +113,23 @@ def test_postgres_hnsw_index_is_built_with_the_load(pg_url: Callable[..., str]) 
     with psycopg.connect(target.conninfo) as conn:
         defs = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [target.table])]
     assert any("USING hnsw (embedding vector_ip_ops)" in d for d in defs), defs
+
+
+_fresh_dbs = itertools.count()
+
+
+@pytest.mark.parametrize("precision", ["binary", "ubinary", "float32"])
+def test_an_hnsw_index_in_a_database_without_pgvector_yet(precision: str, pg_server: PgServer) -> None:
+    """`?index=hnsw` creates the pgvector extension whatever the column's type: a binary column is Postgres's own
+    `bit`, but its HNSW index (bit_hamming_ops) is pgvector's (a fresh database has no extension yet)."""
+    import psycopg
+
+    name = f"fresh_{precision}_{next(_fresh_dbs)}"
+    with psycopg.connect(pg_server.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = f"{pg_server.dsn(name)}&table=t&index=hnsw"
+    c = corpus(10)
+    sync(url, c, precision=precision, dims=12)
+    assert_same(read_back(url), expected_rows(c, precision, dims=12), precision)
+    with psycopg.connect(pg_server.dsn(name)) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexdef LIKE '%USING hnsw%'").fetchone() == (1,)

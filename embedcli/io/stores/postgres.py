@@ -181,6 +181,9 @@ class PostgresStore:
         if id_col.ddl not in ("bigint", "integer", "smallint", "text", "numeric"):
             raise UsageError(f"{self.display}: ids of type {schema.id_type} cannot be a Postgres primary key here")
         type_schema = self._vector_schema() if schema.precision in ("float32", "float16") else None
+        if type_schema is None and self.target.index is not None:
+            # the HNSW access method and bit_hamming_ops are pgvector's too, whatever the column's type (`bit`)
+            self._vector_schema()
         ddl, kind = vector_ddl(schema.precision, schema.dims, type_schema)
         self._vector_kind = kind
         if kind == "bit":
