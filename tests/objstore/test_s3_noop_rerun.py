@@ -21,13 +21,32 @@ def _requests(log: Path, start: int) -> list[str]:
         size = log.stat().st_size
         time.sleep(0.4)
     text = log.read_bytes()[start:].decode("utf-8", "replace")
-    return re.findall(r'"((?:GET|HEAD|PUT|POST|DELETE) [^ "]+)', text)
+    # werkzeug colours some lines (404, 206) with ANSI escapes after the opening quote
+    return re.findall(r'"(?:\x1b\[[0-9;]*m)*((?:GET|HEAD|PUT|POST|DELETE) [^ "]+)', text)
 
 
 def _sidecar_requests(lines: list[str], key: str) -> list[str]:
     """Reads of the output's sidecars (its row index, `.meta.json`, `.ids.jsonl`)."""
     names = tuple(key + s for s in (".embedcli-index.parquet", ".meta.json", ".ids.jsonl"))
     return [r for r in lines if r.startswith(("GET", "HEAD")) and r.split("?")[0].endswith(names)]
+
+
+def test_a_complete_search_output_in_the_store_is_not_fetched_again(cli, st_model, bucket, s3_env, s3_server,
+                                                                    tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    vectors = tmp_path / "v.parquet"
+    cli("embed", docs, "-m", st_model, "-o", vectors, "-q")
+    v_url = bucket.put("vectors/v.parquet", vectors.read_bytes())
+    q_url = bucket.put("in/q.jsonl", json.dumps({"id": "q1", "text": "who won the election"}) + "\n")
+    key = "out/hits.parquet"
+    argv = ["search", v_url, "--queries", q_url, "--top-k", 2, "-m", st_model, "-o", bucket.url(key)]
+    cli(*argv, "-q", env=s3_env)
+    start = s3_server.log.stat().st_size
+    assert "already complete" in cli(*argv, env=s3_env).stderr
+    seen = _requests(s3_server.log, start)
+    assert any(key in r for r in seen), seen
+    assert _sidecar_requests(seen, key) == [], seen  # (none exists: a fetch asks for each and is told 404)
 
 
 def test_a_complete_store_output_is_not_fetched_by_a_no_op_rerun(cli, st_model, bucket, s3_env, s3_server, tmp_path):
