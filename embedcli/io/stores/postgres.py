@@ -13,6 +13,7 @@ keeps a second run off the same table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -116,6 +117,7 @@ class PostgresStore:
                 self.display, "another embedcli run is writing this table right now",
                 fix="wait for it to finish (or stop it), then rerun",
             )
+        self._lock_key: str | None = key
 
     def _regclass(self, name: str) -> int | None:
         ident = self._ident(self.schema_name, name).as_string(self.conn)
@@ -455,9 +457,20 @@ class PostgresStore:
 
     def close(self) -> None:
         """Close the session: its temp tables, uncommitted work and advisory lock go with it."""
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if self.conn is None:
+            return
+        key = getattr(self, "_lock_key", None)
+        if key is not None and not self.conn.broken:
+            # Released here, not left to the session's end: the server ends a closed session's backend (and its
+            # locks) a moment after the client has gone, so a run started right after this one was refused
+            # as "another run is writing this table".
+            with contextlib.suppress(self._psycopg.Error):
+                if self.conn.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE:
+                    self.conn.rollback()
+                self.conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+        self._lock_key = None
+        self.conn.close()
+        self.conn = None
 
     def row_count(self) -> int:
         """Rows in the table (0 when it does not exist)."""
