@@ -81,11 +81,11 @@ def upload(local: str, url: str) -> None:
         raise _failed(url, e) from None
 
 
-
 def _missing_object(e: OSError) -> bool:
     """Whether a store error says the object is not there (pyarrow's S3 answer to a missing key is an OSError)."""
     text = str(e).lower()
     return "not found" in text or "nosuchkey" in text
+
 
 def download(url: str, local: str) -> bool:
     """Copy the object `url` to the new local file `local`; False when there is no such object."""

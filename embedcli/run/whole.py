@@ -132,39 +132,36 @@ class WholeOutput:
         self._open()
         shown, path, overwrite = self.job.target.path, self.local, self.job.flags.overwrite
         guard_staged_work(path, self.cfg_key, self.base_meta, overwrite)
-        if self.area is not None:
-            # a store's Parquet output: from its footer, so a rerun that finds it complete fetches none of it
-            early = self.area.existing_metadata(self.job.target.fmt)
-            if early is not None and not overwrite and self._complete(early):
-                return self._nothing_to_do(shown, path)
-            self.area.fetch_output()
-        existing = output_metadata(path, self.job.target.fmt)
+        fmt = self.job.target.fmt
+        # a store's Parquet output: from its footer, so a rerun that finds it complete fetches none of it
+        existing = self.area.existing_metadata(fmt) if self.area is not None else output_metadata(path, fmt)
         if existing is None:
             if not overwrite and not self._own_staging():
                 check_foreign_file(path, shown)
+            self._fetch_output()
             return None
         if overwrite:
+            self._fetch_output()
             return None
         if existing.get(KEY_CONFIG_KEY) != self.cfg_key:
             raise UsageError(
                 f"{shown} was made with a different config ({describe_config_change(existing, self.base_meta)}); "
                 "pass --overwrite to replace it, or choose another -o"
             )
-        if self._complete(existing):
-            return self._nothing_to_do(shown, path)
+        if self.job_key and existing.get(KEY_JOB) == self.job_key and existing.get(KEY_COMPLETE) == "true":
+            if not self.job.reporting.quiet:
+                print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do",
+                      file=sys.stderr)
+            shutil.rmtree(staging_dir(path), ignore_errors=True)  # a kill after the last rename left it
+            self.close()  # nothing to publish
+            return EXIT_OK
+        self._fetch_output()
         return None
 
-    def _complete(self, existing: dict[str, str]) -> bool:
-        """Whether an output with this metadata already holds this job's whole result."""
-        return (bool(self.job_key) and existing.get(KEY_CONFIG_KEY) == self.cfg_key
-                and existing.get(KEY_JOB) == self.job_key and existing.get(KEY_COMPLETE) == "true")
-
-    def _nothing_to_do(self, shown: str, path: str) -> int:
-        if not self.job.reporting.quiet:
-            print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do", file=sys.stderr)
-        shutil.rmtree(staging_dir(path), ignore_errors=True)  # a kill after the last rename left it
-        self.close()  # nothing to publish
-        return EXIT_OK
+    def _fetch_output(self) -> None:
+        """There is work to do: fetch a store's existing output (publish replaces it, sidecars included)."""
+        if self.area is not None:
+            self.area.fetch_output()
 
     def _own_staging(self) -> bool:
         """Whether the staging area records an interrupted publish of this same config (its data file may
