@@ -135,6 +135,42 @@ def test_a_run_with_work_still_loads_the_model(made: dict[str, Path], tmp_path: 
     assert pq.read_table(out).num_rows == 6
 
 
+@pytest.mark.parametrize(("caller", "scanned"), [(None, False), ("1", True)])
+def test_torch_backend_plugins_are_scanned_only_when_the_caller_asks(
+    made: dict[str, Path], tmp_path: Path, caller: str | None, scanned: bool
+) -> None:
+    # An installed out-of-tree backend plugin (a `torch.backends` entry point) that leaves a mark when loaded.
+    site = tmp_path / "site"
+    (site / "mark_backend-1.0.dist-info").mkdir(parents=True)
+    (site / "mark_backend-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mark-backend\nVersion: 1.0\n")
+    (site / "mark_backend-1.0.dist-info" / "entry_points.txt").write_text("[torch.backends]\nmark = mark_backend:load\n")
+    mark = tmp_path / "loaded"
+    (site / "mark_backend.py").write_text(f"def load():\n    open({str(mark)!r}, 'w').close()\n")
+    env = {**_env(made["cache"]), "PYTHONPATH": str(site)}
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    if caller is not None:
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = caller
+    out = tmp_path / "new.parquet"
+    args = ["embed", made["corpus"], "-m", made["model"], "-o", out, "--dtype", "float32", "--device", "cpu", "-q"]
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert imported_torch(result) and pq.read_table(out).num_rows == 6
+    assert mark.exists() == scanned
+
+
+@pytest.mark.parametrize(("device", "skipped"), [("auto", True), ("cpu", True), ("cuda:1", True), ("npu:0", False)])
+def test_backend_autoload_is_skipped_for_torchs_own_devices(
+    monkeypatch: pytest.MonkeyPatch, device: str, skipped: bool
+) -> None:
+    from embedcli.compute.build import skip_backend_autoload
+
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    skip_backend_autoload(device)
+    assert os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == ("0" if skipped else None)
+
+
 @pytest.mark.parametrize(
     ("model", "dtype", "options"),
     [

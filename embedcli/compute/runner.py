@@ -21,7 +21,7 @@ from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.checkpoint.st_config import prompt_token_count
 from embedcli.models.loader import LoadedModel
-from embedcli.models.tokenization.char_clip import clip_bound, clip_texts, unsafe_cuts
+from embedcli.models.tokenization.char_clip import ClipBound, clip_texts, unsafe_cuts
 from embedcli.models.tokenization.roles import RoleSequence, RoleTokenizer
 from embedcli.pooling import EmbeddingShape, PoolingMetadata, PoolingParams
 from embedcli.pooling.poolers import pool_empty
@@ -103,7 +103,7 @@ class Runner:
         self.stats = RunStats()
         self._tokenizer = model.tokenizer
         self._special_ids = model.hf_tokenizer.all_special_ids
-        self._clip_bound = clip_bound(self._tokenizer, self.max_length)
+        self._clip_bound = ClipBound(self._tokenizer, self.max_length)
         self._prompt_tokens = self._excluded_prompt_tokens()
         self._roles: RoleTokenizer | None = None
         if spec.late_interaction is not None:
@@ -160,8 +160,9 @@ class Runner:
             # every column); the prompt goes before the first only.
             (self._prepare(t[0]), self._clean(t[1])) if isinstance(t, tuple) else self._prepare(t) for t in texts
         ]
-        if mode == "truncate":  # cut huge texts by characters first; same tokens (embedcli.models.tokenization.char_clip)
-            clipped, cut = clip_texts(prepared, self._clip_bound, self.options.truncation_side)
+        if mode == "truncate" and self._clip_bound.needed(prepared):
+            # cut huge texts by characters first; same tokens (embedcli.models.tokenization.char_clip)
+            clipped, cut = clip_texts(prepared, self._clip_bound.value, self.options.truncation_side)
             encodings = tok.encode_batch(clipped)
             for i in unsafe_cuts(clipped, encodings, cut, self.options.truncation_side):
                 encodings[i] = tok.encode(prepared[i])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from embedcli.models.tokenization.char_clip import clip_bound, clip_texts, unsafe_cuts
+from embedcli.models.tokenization.char_clip import ClipBound, clip_bound, clip_texts, least_bound, unsafe_cuts
 
 WORDS = "the quick brown fox jumps over a lazy dog naïve café 東京 emoji 😀 punctuation, ok! x".split()
 
@@ -52,6 +52,36 @@ def test_cut_texts_keep_exactly_the_tokens_of_whole_texts(
         got[i] = tok.encode(texts[i])
     assert [e.ids for e in got] == [e.ids for e in whole]
     assert [bool(e.overflowing) for e in got] == [bool(e.overflowing) for e in whole]
+
+
+class _CountingVocab:
+    """A tokenizer whose vocab (one 40-character token) counts its reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def get_vocab(self) -> dict[str, int]:
+        self.reads += 1
+        return {"x" * 40: 0, "a": 1}
+
+
+@pytest.mark.parametrize("max_length", [8, 512])
+def test_clip_bound_reads_the_vocab_only_for_a_text_over_the_least_bound(max_length: int) -> None:
+    tok = _CountingVocab()
+    clip = ClipBound(tok, max_length)
+    least = least_bound(max_length)
+    assert least == 2 * max_length * 16 + 1024
+    assert not clip.needed(["a" * least, ("a" * (least + 1), "b"), 7])  # pairs are never cut
+    assert tok.reads == 0
+    assert clip.needed(["short", "a" * (least + 1)])
+    assert clip.value == clip.value == clip_bound(tok, max_length) == 2 * max_length * 40 + 1024
+    assert tok.reads == 2  # one for the cached value, one for the direct call
+
+
+@pytest.mark.parametrize("model", ["bert-st", "qwen2", "xlm-roberta"])
+def test_least_bound_is_below_every_tokenizers_bound(tiny_model: Callable[[str], Path], model: str) -> None:
+    tok = Tokenizer.from_file(str(tiny_model(model) / "tokenizer.json"))
+    assert least_bound(16) <= clip_bound(tok, 16)
 
 
 def _peak_rss_mb(model: Path, corpus: Path, out: Path) -> float:
