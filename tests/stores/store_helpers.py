@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,3 +238,17 @@ def _assert_vector(got: Any, want: Any, precision: str) -> None:
         assert got == "".join(map(str, bits[: len(got)])), (got, bits)
         return
     np.testing.assert_array_equal(np.asarray(got, dtype=np.float64), want.astype(np.float64))
+
+
+def killed_session_gone(url: str, timeout: float = 20.0) -> None:
+    """Wait until the server has noticed the killed child's connection and ended its session (its table lock goes
+    with it): on a loaded machine that takes a moment, and a run opened before is refused as "another run"."""
+    import psycopg
+
+    from embedcli.io.stores.url import parse_postgres
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(parse_postgres(url).conninfo, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone() != (0,):
+            assert time.monotonic() < deadline, "the killed child's session still holds its lock"
+            time.sleep(0.05)

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedcli.io.vectors import embedding_matrix
-from tests.stores.store_helpers import read_back
+from tests.stores.store_helpers import killed_session_gone, read_back
 
 REPO = Path(__file__).resolve().parents[2]
 N = 40
@@ -151,6 +151,8 @@ def test_kill_9_mid_run_then_rerun_loses_and_repeats_nothing(
     child = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_child.py")), step, *args],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    if kind == "postgres":
+        killed_session_gone(url)
     held = len(read_back(url))  # asserts no duplicate id
 
     rerun = cli(*args[:-1], "--stats", tmp_path / "stats.json")

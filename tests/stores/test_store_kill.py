@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,24 +14,18 @@ import pyarrow as pa
 import pytest
 
 from embedcli.io.stores import open_store
-from tests.stores.store_helpers import Corpus, assert_same, corpus, expected_rows, read_back, sync
+from tests.stores.store_helpers import (
+    Corpus,
+    assert_same,
+    corpus,
+    expected_rows,
+    killed_session_gone,
+    read_back,
+    sync,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = 60  # records; batches of 10, a commit every 2 batches: commits at 20, 40, 60 (the finish)
-
-
-def _killed_session_gone(url: str, timeout: float = 20.0) -> None:
-    """Wait until the server has noticed the killed child's connection and ended its session (its table lock goes
-    with it): on a loaded machine that takes a moment, and a run opened before is refused as "another run"."""
-    import psycopg
-
-    from embedcli.io.stores.url import parse_postgres
-
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(parse_postgres(url).conninfo, autocommit=True) as conn:
-        while conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone() != (0,):
-            assert time.monotonic() < deadline, "the killed child's session still holds its lock"
-            time.sleep(0.05)
 
 
 def scenario_corpus(name: str) -> Corpus:
@@ -89,7 +82,7 @@ def test_kill_then_rerun(
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     if kind == "postgres":
-        _killed_session_gone(url)
+        killed_session_gone(url)
 
     rows = read_back(url)  # asserts no duplicate id
     store = open_store(url)
