@@ -20,7 +20,7 @@ def attention_kernel(request, monkeypatch) -> str:  # type: ignore[no-untyped-de
 
     if request.param == "fused":
         if not native.available(torch.float32):
-            pytest.skip("the fused CPU kernels are not built, or this CPU lacks AVX-512")
+            pytest.skip("the fused CPU kernels are not built, or this CPU lacks AVX2 / FMA")
     else:
         monkeypatch.setattr(fused_attention, "applies", lambda *args, **kwargs: False)
     return str(request.param)
@@ -32,3 +32,25 @@ def torch_attention(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from embedcli.models.kernels import fused_attention
 
     monkeypatch.setattr(fused_attention, "applies", lambda *args, **kwargs: False)
+
+
+def _kernel_isas() -> list[str]:
+    """The float32 kernels' code paths this CPU can run: its own, and on an AVX-512 CPU the AVX2 code as well."""
+    import torch
+
+    from embedcli.models.kernels import native
+
+    own = native.float32_isa() if native.available(torch.float32) else "none"
+    return ["native", "avx2"] if own == "avx512" else ["native"]
+
+
+@pytest.fixture(params=_kernel_isas())
+def kernel_isa(request):  # type: ignore[no-untyped-def]
+    """Runs a fused-kernel test on this CPU's own float32 code, and on an AVX-512 CPU again on the AVX2 code."""
+    from embedcli.models.kernels import native
+
+    used = native.use_avx2(request.param == "avx2")
+    try:
+        yield used
+    finally:
+        native.use_avx2(False)

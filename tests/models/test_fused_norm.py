@@ -10,9 +10,12 @@ from torch import nn
 from embedcli.models.backbones.layers import add_norm
 from embedcli.models.kernels import fused_norm, native
 
-pytestmark = pytest.mark.skipif(
-    not native.available(torch.float32), reason="the fused CPU kernels are not built, or this CPU lacks AVX-512"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not native.available(torch.float32), reason="the fused CPU kernels are not built, or this CPU lacks AVX2 / FMA"
+    ),
+    pytest.mark.usefixtures("kernel_isa"),  # this CPU's own float32 code, and on AVX-512 the AVX2 code too
+]
 needs_bf16 = pytest.mark.skipif(not native.available(torch.bfloat16), reason="this CPU lacks AVX-512 BF16")
 
 

@@ -1,4 +1,4 @@
-"""Without the compiled kernels (installed without a compiler, another architecture, a CPU without AVX-512) the own
+"""Without the compiled kernels (installed without a compiler, another architecture, a CPU without AVX2 or AVX-512) the own
 backbones take their torch paths and compute the same numbers as with them, and as transformers."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TEXTS = (*SAMPLE_TEXTS, LONG_TEXT[:300], "fox")
 @contextmanager
 def _without_kernels(how: str) -> Iterator[None]:
     """`native` as a build without `_cpu` (its import fails, as after an install without a compiler), or as a CPU
-    whose cpuid lacks AVX-512 (the extension imports but says it cannot run)."""
+    whose cpuid lacks the kernels' instructions (the extension imports but says it cannot run)."""
     with pytest.MonkeyPatch.context() as mp:
         if how == "not built":
             # `from embedcli.models.kernels import _cpu` reads the package's attribute first, then sys.modules,
@@ -72,7 +72,7 @@ def _forward(
     return ids, [h.float() for h in torch.split(hidden, [len(s) for s in ids])], calls
 
 
-@pytest.mark.parametrize("how", ["not built", "no AVX-512"])
+@pytest.mark.parametrize("how", ["not built", "unsupported CPU"])
 @pytest.mark.parametrize("name", ["bert", "mpnet", "qwen3"])
 def test_torch_paths_match_the_kernels_and_transformers(name: str, how: str, tiny_model, tiny_reference) -> None:  # type: ignore[no-untyped-def]
     folder = tiny_model(name)
@@ -102,3 +102,32 @@ def test_bf16_runs_without_the_kernels(name: str, tiny_model) -> None:  # type: 
     for a, b in zip(low, full, strict=True):
         cos = torch.nn.functional.cosine_similarity(a.mean(0), b.mean(0), dim=0).item()
         assert cos >= 0.999, cos
+
+
+def _cpu_flags() -> set[str]:
+    """This CPU's feature flags as Linux reports them (empty where there is no /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.mark.skipif(native._cpu is None or not _cpu_flags(), reason="the kernels are not built, or no /proc/cpuinfo")
+def test_float32_kernels_run_wherever_the_cpu_has_avx2_and_fma() -> None:
+    flags = _cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        want = "avx512"
+    else:
+        want = "avx2" if {"avx2", "fma"} <= flags else "none"
+    assert native.float32_isa() == want
+    assert native.available(torch.float32) == (want != "none")
+    assert native.available(torch.bfloat16) == ("avx512_bf16" in flags and want == "avx512")
+    if want == "avx512":  # the AVX2 code on request (the kernel tests run it there too)
+        try:
+            assert native.use_avx2(True) == "avx2"
+        finally:
+            native.use_avx2(False)

@@ -179,7 +179,7 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Attention confined to each sequence, from a fused `[total, (heads + 2 kv_heads) * dim]` projection.
 
-    Returns `[total, heads * dim]`. On AVX-512 CPUs the fused kernel reads each sequence in place
+    Returns `[total, heads * dim]`. On x86-64 CPUs the fused kernel reads each sequence in place
     (`fused_attention`); elsewhere sequences are padded only here, in groups of similar length (see
     `packing.grouped_attention`): the fused rows are gathered once per group. `bias` is an additive
     `[1, heads, max_len, max_len]` bias by relative position (MPNet), without the key padding.

@@ -1,4 +1,4 @@
-// embedcli's CPU kernels for AVX-512 machines, called from Python with data pointers (no torch headers, so it builds
+// embedcli's CPU kernels for AVX-512 machines (float32 also for AVX2 + FMA ones, at the end), called from Python with data pointers (no torch headers, so it builds
 // in seconds with any C++ compiler; see setup.py). Two kernels, each chosen per call by the Python side
 // (fused_attention.py, fused_norm.py), which also checks every pointer, shape and stride it passes:
 //
@@ -662,6 +662,353 @@ void norm_worker(void* arg) {
 #pragma GCC pop_options
 #endif  // EMBEDCLI_X86
 
+// ---- AVX2 + FMA, float32 only: the same two kernels at 8 lanes, for x86-64 CPUs without AVX-512 -----------------
+// (AMD Zen 2/3, Intel client cores). Same layout, tasks and scratch as above; 8-key and 8-column tiles, and query
+// rows 4 at a time (16 ymm registers: 4 x 3 accumulators, 3 tiles, 1 broadcast). Numerics as the AVX-512 float32
+// path (float32 products and sums, Cephes' expf), in 8-lane order; a probability under 2^-126 (a score more than
+// 87 below its row's max) is 0 here, a denormal there.
+
+#if EMBEDCLI_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+constexpr int QROWS = 4;  // query rows per register block
+
+// Lanes i < n set (n clamped to 0..8), for maskload / maskstore.
+inline __m256i lanes_below(int64_t n) {
+    const int k = n <= 0 ? 0 : n >= 8 ? 8 : (int)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline __m256 load8(const float* p, int64_t n) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(n));
+}
+
+inline void store8(float* p, int64_t n, __m256 x) {
+    if (n >= 8)
+        _mm256_storeu_ps(p, x);
+    else
+        _mm256_maskstore_ps(p, lanes_below(n), x);
+}
+
+inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+inline float hsum(__m256 v) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+// exp(x) for x <= 0: the AVX-512 kernel's reduction and Cephes polynomial; 2^n is built in the exponent bits, which
+// hold n >= -126 only, so x below -87.3 gives 0.
+inline __m256 exp_ps(__m256 x) {
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+// scores[r][j0 + 8 t + i] = sum_d q[r][d] kt[d][j0 + 8 t + i], for R rows and T tiles of 8 keys.
+template <int R, int T>
+inline void qk_f32(const float* q, int64_t ldq, const float* kt, int64_t lp, int dim, float* s, int64_t lds,
+                   int64_t j0) {
+    __m256 acc[R][T];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; ++d) {
+        __m256 kv[T];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) kv[t] = _mm256_loadu_ps(kt + d * lp + j0 + 8 * t);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m256 qb = _mm256_broadcast_ss(q + r * ldq + d);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(qb, kv[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) _mm256_storeu_ps(s + r * lds + j0 + 8 * t, acc[r][t]);
+}
+
+// out[r][d0 + 8 t + i] = inv[r] * sum_j p[r][j] vp[j][d0 + 8 t + i] (the first `width` columns kept).
+template <int R, int T>
+inline void pv_f32(const float* pr, int64_t ldp, const float* vp, int64_t dp, int64_t j0, int64_t j1,
+                   const float* inv, float* o, int64_t ldo, int64_t d0, int64_t width) {
+    __m256 acc[R][T];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t j = j0; j < j1; ++j) {
+        __m256 vv[T];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) vv[t] = _mm256_loadu_ps(vp + j * dp + d0 + 8 * t);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m256 pb = _mm256_broadcast_ss(pr + r * ldp + j);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(pb, vv[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const __m256 scale = _mm256_set1_ps(inv[r]);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+            const int64_t lanes = width - 8 * t;
+            if (lanes <= 0) break;
+            store8(o + r * ldo + d0 + 8 * t, lanes, _mm256_mul_ps(acc[r][t], scale));
+        }
+    }
+}
+
+// Dispatch on the rows of a register block (1..4) and the tiles of a step (1..3).
+#define EMBEDCLI_ROWS4_CASES(F, T, ...)      \
+    switch (rows) {                          \
+        case 1: F<1, T>(__VA_ARGS__); break; \
+        case 2: F<2, T>(__VA_ARGS__); break; \
+        case 3: F<3, T>(__VA_ARGS__); break; \
+        default: F<4, T>(__VA_ARGS__); break; \
+    }
+#define EMBEDCLI_DISPATCH4(F, ...)                               \
+    switch (tiles) {                                            \
+        case 1: EMBEDCLI_ROWS4_CASES(F, 1, __VA_ARGS__) break;  \
+        case 2: EMBEDCLI_ROWS4_CASES(F, 2, __VA_ARGS__) break;  \
+        default: EMBEDCLI_ROWS4_CASES(F, 3, __VA_ARGS__) break; \
+    }
+
+// The AVX-512 softmax_row's float32 case: exp(x - max) over [a, b) of the row (zeros elsewhere in [0, width)),
+// returns 1 / sum; `bias` (or null) is added to the scaled scores first.
+inline float softmax_row(float* s, int64_t width, int64_t a, int64_t b, float scale, const float* bias) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    if (bias) {
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (int64_t j = a; j < b; j += 8) {
+            const __m256i m = lanes_below(b - j);
+            const __m256 x = _mm256_fmadd_ps(_mm256_maskload_ps(s + j, m), vs, _mm256_maskload_ps(bias + j, m));
+            _mm256_maskstore_ps(s + j, m, x);
+            vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, x), _mm256_castsi256_ps(m));
+        }
+        scale = 1.0f;  // the scores below are scaled already
+    } else {
+        for (int64_t j = a; j < b; j += 8) {
+            const __m256i m = lanes_below(b - j);
+            vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, _mm256_maskload_ps(s + j, m)), _mm256_castsi256_ps(m));
+        }
+    }
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const __m256 shift = _mm256_set1_ps(scale * hmax(vmax));
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < width; j += 8) {  // width is a multiple of 16
+        const int64_t lo = a - j, hi = b - j;
+        __m256 e = _mm256_setzero_ps();
+        if (hi > 0 && lo < 8) {
+            const __m256i m = _mm256_andnot_si256(lanes_below(lo), lanes_below(hi));
+            e = _mm256_and_ps(exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, shift)), _mm256_castsi256_ps(m));
+        }
+        _mm256_storeu_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    return 1.0f / hsum(vsum);
+}
+
+// Transposes an 8 x 8 block of floats in registers: r[i] lane j <-> r[j] lane i.
+inline void transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// dst[c * ld + i] = src row i (`lds` apart), column c, for i < 8 and c < cols; rows >= `rows` and columns >= `cols`
+// read as zeros.
+inline void transpose_block(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+    __m256 r[8];
+    const __m256i lanes = lanes_below(cols);
+    for (int i = 0; i < 8; ++i) r[i] = i < rows ? _mm256_maskload_ps(src + i * lds, lanes) : _mm256_setzero_ps();
+    transpose8(r);
+    for (int c = 0; c < 8 && c < cols; ++c) _mm256_storeu_ps(dst + c * ld, r[c]);
+}
+
+// Keys transposed, kt[d][j] (`ldt` apart, zero past `real`); values vp[j][d] with d zero-padded to dp.
+void pack_f32(const Job& job, Scratch& w, int64_t start, int kvh, int64_t klo, int64_t khi, int64_t real,
+              int64_t dp, int64_t ldt) {
+    const int dim = job.dim;
+    const float* kbase = (const float*)job.k + (start + klo) * job.ldk + (int64_t)kvh * dim;
+    const float* vbase = (const float*)job.v + (start + klo) * job.ldv + (int64_t)kvh * dim;
+    const int64_t nk = khi - klo, nreal = real - klo;
+    float* kt = (float*)w.kp;
+    float* vp = (float*)w.vp;
+    for (int64_t j0 = 0; j0 < nk; j0 += 8)
+        for (int d0 = 0; d0 < dim; d0 += 8)
+            transpose_block(kbase + j0 * job.ldk + d0, job.ldk, nreal - j0, dim - d0, kt + d0 * ldt + j0, ldt);
+    for (int64_t j = 0; j < nk; ++j) {
+        const float* src = vbase + j * job.ldv;
+        for (int64_t d = 0; d < dp; d += 8)
+            _mm256_storeu_ps(vp + j * dp + d, _mm256_maskload_ps(src + d, lanes_below(j < nreal ? dim - d : 0)));
+    }
+}
+
+// One task (float32): query rows [r0, r1) of sequence `seq`, every query head of key head `kvh`.
+void run_task(const Job& job, Scratch& w, int64_t seq, int64_t r0, int kvh) {
+    const int64_t start = job.cu[seq], len = job.cu[seq + 1] - start;
+    const int64_t r1 = r0 + TASK_ROWS < len ? r0 + TASK_ROWS : len;
+    const int dim = job.dim;
+    const int group = job.heads / job.kv_heads;
+    const int64_t klo = (r0 - job.left > 0 ? r0 - job.left : 0) / 16 * 16;
+    const int64_t khi_real = (r1 - 1 + job.right + 1 < len ? r1 - 1 + job.right + 1 : len);
+    const int64_t khi = round_up(khi_real, 16);
+    const int64_t nk = khi - klo;
+    const int64_t dp = round_up(dim, 16);
+    // Rows of keys and of scores 16 floats longer than the keys: a power-of-two row (256 keys: 1 KB) maps every
+    // row of a tile to the same few L1 sets, and the key tiles evicted each other (256 keys ran 1.3x slower).
+    const int64_t ld = nk + 16;
+    avx2::pack_f32(job, w, start, kvh, klo, khi, khi_real, dp, ld);
+    const float* kt = (const float*)w.kp;
+    const float* vp = (const float*)w.vp;
+    float inv[ROWS];
+    for (int g = 0; g < group; ++g) {
+        const int h = kvh * group + g;
+        for (int64_t b0 = r0; b0 < r1; b0 += ROWS) {
+            const int block = (int)(r1 - b0 < ROWS ? r1 - b0 : ROWS);
+            const int64_t a_lo = (b0 - job.left > 0 ? b0 - job.left : 0);
+            const int64_t a_hi = (b0 + block - 1 + job.right + 1 < len ? b0 + block - 1 + job.right + 1 : len);
+            const int64_t t_lo = a_lo / 16 * 16 - klo;
+            const int64_t t_hi = round_up(a_hi, 16) - klo;
+            const int64_t lds = ld;
+            const float* q = (const float*)job.q + (start + b0) * job.ldq + (int64_t)h * dim;
+            // Key tiles outer, row halves inner: a tile of keys is read from L1 by the second half.
+            for (int64_t j0 = t_lo; j0 < t_hi;) {
+                const int64_t left_tiles = (t_hi - j0) / 8;
+                const int tiles = left_tiles >= 3 ? 3 : (int)left_tiles;
+                for (int r4 = 0; r4 < block; r4 += QROWS) {
+                    const int rows = block - r4 < QROWS ? block - r4 : QROWS;
+                    EMBEDCLI_DISPATCH4(qk_f32, q + r4 * job.ldq, job.ldq, kt, ld, dim, w.s + r4 * lds, lds, j0)
+                }
+                j0 += 8 * tiles;
+            }
+            for (int r = 0; r < block; ++r) {
+                const int64_t i = b0 + r;
+                const int64_t a = (i - job.left > 0 ? i - job.left : 0) - klo;
+                const int64_t b = (i + job.right + 1 < len ? i + job.right + 1 : len) - klo;
+                const float* bias =
+                    job.bias ? job.bias + h * job.bias_head + i * job.bias_row + klo + t_lo : nullptr;
+                inv[r] = softmax_row(w.s + r * lds + t_lo, t_hi - t_lo, a - t_lo, b - t_lo, job.scale, bias);
+            }
+            // Value columns outer, row halves inner: the second half reads the same value columns from L1.
+            for (int64_t d0 = 0; d0 < dim;) {
+                const int64_t width = dim - d0;
+                const int tiles = width > 8 ? 2 : 1;
+                for (int r4 = 0; r4 < block; r4 += QROWS) {
+                    const int rows = block - r4 < QROWS ? block - r4 : QROWS;
+                    float* o = (float*)job.o + (start + b0 + r4) * job.ldo + (int64_t)h * dim;
+                    EMBEDCLI_DISPATCH4(pv_f32, w.s + r4 * lds, lds, vp, dp, t_lo, t_hi, inv + r4, o, job.ldo, d0, width)
+                }
+                d0 += 8 * tiles;
+            }
+        }
+    }
+}
+
+void attention_worker(void* arg) {
+    Job& job = *(Job*)arg;
+    const int64_t lp = round_up(job.max_len, 16) + 16;
+    const int64_t dp = round_up(job.dim, 16);
+    Scratch w;
+    w.s = (float*)aligned(sizeof(float) * ROWS * lp);
+    w.p = nullptr;  // bf16 probabilities: not on this path
+    w.kp = aligned(sizeof(float) * lp * dp);
+    w.vp = aligned(sizeof(float) * lp * dp);
+    if (!w.s || !w.kp || !w.vp) {
+        __atomic_store_n(&job.failed, 1, __ATOMIC_RELAXED);
+    } else {
+        for (;;) {
+            const int64_t t = __atomic_fetch_add(&job.next, 1, __ATOMIC_RELAXED);
+            if (t >= job.tasks || __atomic_load_n(&job.failed, __ATOMIC_RELAXED)) break;
+            const int64_t c = t / job.kv_heads;
+            avx2::run_task(job, w, job.task_seq[c], job.task_row[c], (int)(t % job.kv_heads));
+        }
+    }
+    free(w.s);
+    free(w.kp);
+    free(w.vp);
+}
+
+// The AVX-512 norm_worker's float32 case (h float32, no bf16 copy).
+void norm_worker(void* arg) {
+    NormJob& job = *(NormJob*)arg;
+    const int64_t n = job.cols;
+    for (;;) {
+        const int64_t r0 = __atomic_fetch_add(&job.next, NORM_BLOCK, __ATOMIC_RELAXED);
+        if (r0 >= job.rows) break;
+        const int64_t r1 = r0 + NORM_BLOCK < job.rows ? r0 + NORM_BLOCK : job.rows;
+        for (int64_t r = r0; r < r1; ++r) {
+            const float* h = (const float*)job.h + r * job.ldh;
+            const float* x = job.x + r * job.ldx;
+            float* out = job.out + r * n;
+            __m256 vsum = _mm256_setzero_ps();
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 y = _mm256_add_ps(load8(h + i, n - i), load8(x + i, n - i));
+                store8(out + i, n - i, y);
+                vsum = _mm256_add_ps(vsum, y);  // lanes past n are 0
+            }
+            const __m256 vmean = _mm256_set1_ps(hsum(vsum) / (float)n);
+            __m256 vvar = _mm256_setzero_ps();
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 d = _mm256_and_ps(_mm256_sub_ps(load8(out + i, n - i), vmean),
+                                               _mm256_castsi256_ps(lanes_below(n - i)));
+                vvar = _mm256_fmadd_ps(d, d, vvar);
+            }
+            const __m256 rstd = _mm256_set1_ps(1.0f / sqrtf(hsum(vvar) / (float)n + job.eps));
+            for (int64_t i = 0; i < n; i += 8) {
+                __m256 y = _mm256_mul_ps(_mm256_sub_ps(load8(out + i, n - i), vmean), rstd);
+                y = _mm256_mul_ps(y, load8(job.weight + i, n - i));
+                if (job.bias) y = _mm256_add_ps(y, load8(job.bias + i, n - i));
+                store8(out + i, n - i, y);
+            }
+        }
+    }
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+#endif  // EMBEDCLI_X86
+
 bool cpu_has(bool bf16) {
 #if EMBEDCLI_X86
     __builtin_cpu_init();
@@ -674,7 +1021,40 @@ bool cpu_has(bool bf16) {
 #endif
 }
 
-PyObject* supported(PyObject*, PyObject*) { return Py_BuildValue("(OO)", cpu_has(false) ? Py_True : Py_False, cpu_has(true) ? Py_True : Py_False); }
+bool cpu_has_avx2() {
+#if EMBEDCLI_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+// The float32 kernels' instruction set: AVX-512 where the CPU has it (unless `use_avx2(True)` asked for the AVX2
+// ones: to test or compare them on such a CPU), else AVX2 + FMA, else none.
+enum class Isa { none, avx2, avx512 };
+bool prefer_avx2 = false;
+
+Isa f32_isa() {
+    if (!prefer_avx2 && cpu_has(false)) return Isa::avx512;
+    return cpu_has_avx2() ? Isa::avx2 : Isa::none;
+}
+
+PyObject* supported(PyObject*, PyObject*) {
+    return Py_BuildValue("(OO)", f32_isa() != Isa::none ? Py_True : Py_False, cpu_has(true) ? Py_True : Py_False);
+}
+
+PyObject* float32_isa(PyObject*, PyObject*) {
+    const Isa isa = f32_isa();
+    return Py_BuildValue("s", isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "none");
+}
+
+PyObject* use_avx2(PyObject*, PyObject* arg) {
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return nullptr;
+    prefer_avx2 = on != 0;
+    Py_RETURN_NONE;
+}
 
 PyObject* attention(PyObject*, PyObject* args) {
     unsigned long long q, k, v, o, cu, bias;
@@ -684,8 +1064,10 @@ PyObject* attention(PyObject*, PyObject* args) {
     if (!PyArg_ParseTuple(args, "KKKKLLLLKLiiiLLdpiKLL", &q, &k, &v, &o, &ldq, &ldk, &ldv, &ldo, &cu, &batch, &heads,
                           &kv_heads, &dim, &left, &right, &scale, &bf16, &threads, &bias, &bias_head, &bias_row))
         return nullptr;
-    if (!cpu_has(bf16)) {
-        PyErr_SetString(PyExc_RuntimeError, "this CPU lacks the AVX-512 instructions of the fused attention");
+    const Isa isa = bf16 ? (cpu_has(true) ? Isa::avx512 : Isa::none) : f32_isa();
+    if (isa == Isa::none) {
+        PyErr_SetString(PyExc_RuntimeError, bf16 ? "this CPU lacks the AVX-512 BF16 instructions of the fused attention"
+                                                 : "this CPU lacks the AVX2/FMA instructions of the fused attention");
         return nullptr;
     }
     if (heads < 1 || kv_heads < 1 || heads % kv_heads || dim < 2 || dim % 2 || dim > 1024 || batch < 0 || left < 0 ||
@@ -750,7 +1132,7 @@ PyObject* attention(PyObject*, PyObject* args) {
     if (n > job.tasks) n = (int)job.tasks;
     if (n > 256) n = 256;
     Py_BEGIN_ALLOW_THREADS
-    pool_run(attention_worker, &job, n);
+    pool_run(isa == Isa::avx512 ? attention_worker : avx2::attention_worker, &job, n);
     Py_END_ALLOW_THREADS
     free(task_seq);
     free(task_row);
@@ -770,8 +1152,10 @@ PyObject* add_layer_norm(PyObject*, PyObject* args) {
     if (!PyArg_ParseTuple(args, "KpLKLKKKKLLdi", &h, &h_bf16, &ldh, &x, &ldx, &out, &low, &weight, &bias, &rows, &cols,
                           &eps, &threads))
         return nullptr;
-    if (!cpu_has(h_bf16 || low)) {
-        PyErr_SetString(PyExc_RuntimeError, "this CPU lacks the AVX-512 instructions of the fused layer norm");
+    const Isa isa = (h_bf16 || low) ? (cpu_has(true) ? Isa::avx512 : Isa::none) : f32_isa();
+    if (isa == Isa::none) {
+        PyErr_SetString(PyExc_RuntimeError, (h_bf16 || low) ? "this CPU lacks the AVX-512 BF16 instructions of the fused layer norm"
+                                                            : "this CPU lacks the AVX2/FMA instructions of the fused layer norm");
         return nullptr;
     }
     if (rows < 0 || cols < 1 || ldh < cols || ldx < cols) {
@@ -800,7 +1184,7 @@ PyObject* add_layer_norm(PyObject*, PyObject* args) {
     if (n > 256) n = 256;
     if (n < 1) n = 1;
     Py_BEGIN_ALLOW_THREADS
-    pool_run(norm_worker, &job, n);
+    pool_run(isa == Isa::avx512 ? norm_worker : avx2::norm_worker, &job, n);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 #else
@@ -811,12 +1195,14 @@ PyObject* add_layer_norm(PyObject*, PyObject* args) {
 
 PyMethodDef methods[] = {
     {"supported", supported, METH_NOARGS, "(float32, bfloat16): whether this CPU runs the fused attention."},
+    {"float32_isa", float32_isa, METH_NOARGS, "The float32 kernels' instruction set here: avx512, avx2 or none."},
+    {"use_avx2", use_avx2, METH_O, "Run the float32 kernels' AVX2 code even on an AVX-512 CPU (True) or not (False)."},
     {"attention", attention, METH_VARARGS, "Fused attention over a packed buffer (see fused_attention.py)."},
     {"add_layer_norm", add_layer_norm, METH_VARARGS, "LayerNorm(h + x) in one pass (see fused_norm.py)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu", "embedcli's AVX-512 CPU kernels (see _cpu.cpp).", -1, methods,
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu", "embedcli's AVX-512 / AVX2 CPU kernels (see _cpu.cpp).", -1, methods,
                       nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace

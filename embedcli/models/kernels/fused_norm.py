@@ -1,4 +1,5 @@
-"""A post-norm layer's `LayerNorm(h + x)` in one pass on AVX-512 CPUs (the compiled `_cpu` kernels, `native`).
+"""A post-norm layer's `LayerNorm(h + x)` in one pass on x86-64 CPUs (the compiled `_cpu` kernels, `native`): float32
+on AVX-512 or AVX2 + FMA, bf16 (h, or the copy for the next linear) on AVX-512 BF16.
 
 torch spends three passes over the hidden states here: the residual add (under bf16 autocast a bf16 + float32 add
 that promotes), the layer norm, and the next linear's cast of its input to bf16. The kernel reads h and x once per
