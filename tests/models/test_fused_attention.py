@@ -63,7 +63,7 @@ def _split(fused: torch.Tensor, heads: int, kv_heads: int) -> tuple[torch.Tensor
 def test_float32_matches_float64(lengths, heads, kv_heads, dim, window, causal) -> None:  # type: ignore[no-untyped-def]
     q, k, v = _split(_fused(sum(lengths), heads, kv_heads, dim), heads, kv_heads)
     pack = PackInfo.build(lengths)
-    assert fused_attention.serves(q, k, v, pack)
+    assert fused_attention.applies(q, k, v, pack)
     got = fused_attention.attention(q, k, v, pack, scale=0.3, causal=causal, window=window)
     reach = window or (max(lengths), max(lengths))
     want = _reference(q, k, v, lengths, causal=causal, window=reach, scale=0.3)
@@ -78,7 +78,7 @@ def test_float32_matches_float64(lengths, heads, kv_heads, dim, window, causal) 
 def test_bf16_matches_float64_within_bf16_rounding(lengths, heads, kv_heads, dim, window, causal) -> None:  # type: ignore[no-untyped-def]
     q, k, v = _split(_fused(sum(lengths), heads, kv_heads, dim).bfloat16(), heads, kv_heads)
     pack = PackInfo.build(lengths)
-    assert fused_attention.serves(q, k, v, pack)
+    assert fused_attention.applies(q, k, v, pack)
     got = fused_attention.attention(q, k, v, pack, scale=0.3, causal=causal, window=window)
     reach = window or (max(lengths), max(lengths))
     want = _reference(q, k, v, lengths, causal=causal, window=reach, scale=0.3)
@@ -97,7 +97,7 @@ def test_additive_bias_is_added_to_the_scaled_scores(lengths: list[int], dtype: 
     q, k, v = _split(_fused(sum(lengths), heads, heads, 16, seed=5).to(dtype), heads, heads)
     pack = PackInfo.build(lengths)
     bias = torch.randn(1, heads, max(lengths) + 3, max(lengths) + 3, generator=torch.Generator().manual_seed(6)) * 2
-    assert fused_attention.serves(q, k, v, pack, bias)
+    assert fused_attention.applies(q, k, v, pack, bias)
     got = fused_attention.attention(q, k, v, pack, scale=0.3, bias=bias)
     want = _reference(q, k, v, lengths, causal=False, window=(max(lengths),) * 2, scale=0.3, bias=bias)
     err = (got.double() - want).abs()
@@ -106,9 +106,9 @@ def test_additive_bias_is_added_to_the_scaled_scores(lengths: list[int], dtype: 
     else:
         assert (err <= 2**-7 * want.abs() + 4e-3).all(), err.max().item()
     # A bias the kernel cannot read as rows of float32, or one narrower than the longest sequence: the torch paths.
-    assert not fused_attention.serves(q, k, v, pack, bias.transpose(2, 3))
-    assert not fused_attention.serves(q, k, v, pack, bias.double())
-    assert not fused_attention.serves(q, k, v, pack, bias[..., :1, :1]) or max(lengths) == 1
+    assert not fused_attention.applies(q, k, v, pack, bias.transpose(2, 3))
+    assert not fused_attention.applies(q, k, v, pack, bias.double())
+    assert not fused_attention.applies(q, k, v, pack, bias[..., :1, :1]) or max(lengths) == 1
 
 
 @needs_bf16
@@ -193,27 +193,16 @@ def test_what_the_kernel_does_not_serve() -> None:
     lengths = [6, 4]
     pack = PackInfo.build(lengths)
     q, k, v = _split(_fused(10, 4, 2, 8), 4, 2)
-    assert fused_attention.serves(q, k, v, pack)
-    assert not fused_attention.serves(q.double(), k.double(), v.double(), pack)
-    assert not fused_attention.serves(q, k.bfloat16(), v, pack)  # mixed dtypes
+    assert fused_attention.applies(q, k, v, pack)
+    assert not fused_attention.applies(q.double(), k.double(), v.double(), pack)
+    assert not fused_attention.applies(q, k.bfloat16(), v, pack)  # mixed dtypes
     odd = _fused(10, 2, 2, 7)
-    assert not fused_attention.serves(*_split(odd, 2, 2), pack)  # bf16 pairs need an even head size
-    assert not fused_attention.serves(q, k, v, PackInfo.build([4, 4]))  # another pack's token count
+    assert not fused_attention.applies(*_split(odd, 2, 2), pack)  # bf16 pairs need an even head size
+    assert not fused_attention.applies(q, k, v, PackInfo.build([4, 4]))  # another pack's token count
     only_queries = PackInfo.build(lengths, keys=torch.tensor([True] * 8 + [False] * 2))
-    assert not fused_attention.serves(q, k, v, only_queries)  # key flags: the torch paths' masks carry them
+    assert not fused_attention.applies(q, k, v, only_queries)  # key flags: the torch paths' masks carry them
     with torch.enable_grad():
-        assert not fused_attention.serves(q.clone().requires_grad_(), k, v, pack)
+        assert not fused_attention.applies(q.clone().requires_grad_(), k, v, pack)
     transposed = torch.randn(8, 10, 4).transpose(0, 2)  # heads not side by side in a row
-    assert not fused_attention.serves(transposed, transposed, transposed, pack)
+    assert not fused_attention.applies(transposed, transposed, transposed, pack)
 
-
-@pytest.mark.parametrize("longest", [1, fused_attention.AVX2_MAX_LEN, fused_attention.AVX2_MAX_LEN + 1, 300])
-def test_float32_kernel_is_chosen_where_it_pays(longest: int) -> None:
-    """On AVX-512 always; on AVX2 (where its products are only as fast as torch's) for packs of short sequences."""
-    lengths = [longest, 1]
-    pack = PackInfo.build(lengths)
-    q, k, v = _split(_fused(sum(lengths), 4, 4, 32), 4, 4)
-    assert fused_attention.serves(q, k, v, pack)
-    short = longest <= fused_attention.AVX2_MAX_LEN
-    assert fused_attention.applies(q, k, v, pack) == (native.float32_isa() == "avx512" or short)
-    assert native.float32_isa() in ("avx512", "avx2")

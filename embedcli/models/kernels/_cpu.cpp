@@ -821,8 +821,20 @@ inline float softmax_row(float* s, int64_t width, int64_t a, int64_t b, float sc
     }
     const __m256 vscale = _mm256_set1_ps(scale);
     const __m256 shift = _mm256_set1_ps(scale * hmax(vmax));
-    __m256 vsum = _mm256_setzero_ps();
+    __m256 vsum = _mm256_setzero_ps(), vsum2 = _mm256_setzero_ps();
+    // Whole vectors inside [a, b) two at a time (two independent exp chains); the edges lane-masked.
+    const int64_t inner_lo = round_up(a, 8), inner_hi = b / 8 * 8;
     for (int64_t j = 0; j < width; j += 8) {  // width is a multiple of 16
+        if (j >= inner_lo && j + 16 <= inner_hi) {
+            const __m256 e0 = exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, shift));
+            const __m256 e1 = exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + j + 8), vscale, shift));
+            _mm256_storeu_ps(s + j, e0);
+            _mm256_storeu_ps(s + j + 8, e1);
+            vsum = _mm256_add_ps(vsum, e0);
+            vsum2 = _mm256_add_ps(vsum2, e1);
+            j += 8;
+            continue;
+        }
         const int64_t lo = a - j, hi = b - j;
         __m256 e = _mm256_setzero_ps();
         if (hi > 0 && lo < 8) {
@@ -832,7 +844,7 @@ inline float softmax_row(float* s, int64_t width, int64_t a, int64_t b, float sc
         _mm256_storeu_ps(s + j, e);
         vsum = _mm256_add_ps(vsum, e);
     }
-    return 1.0f / hsum(vsum);
+    return 1.0f / hsum(_mm256_add_ps(vsum, vsum2));
 }
 
 // Transposes an 8 x 8 block of floats in registers: r[i] lane j <-> r[j] lane i.

@@ -7,6 +7,9 @@ scatter. Why compiled (measured on all-MiniLM-L6-v2's shapes, 8 x 256 tokens, 12
 EPYC with AVX-512 BF16, see BENCHMARKS.md): torch's CPU SDPA runs MKL's sgemm, its slow path on non-Intel CPUs,
 and its bf16 path is no faster than float32; the bf16 alternative, batched matmuls around torch's softmax, rounds
 the scores to bf16, then spends ~0.8 ns an element in the softmax plus a gather into the padded view and copies.
+On an AVX2-only AMD EPYC (Zen 3, 8 lanes; MKL is at home there), torch's path -> the kernel, 12 heads of 32, one
+thread: 60 sequences of 10-40 tokens 0.45x, 16 x 128 0.84x, 8 x 256 0.93x, 4 x 512 0.91x (two threads: 0.26x,
+0.65x, 0.87x, 0.86x).
 
 Numerics: float32 in: float32 products, softmax and sums in another order than SDPA's (max |diff| ~1e-7 on
 unit-scale data). bf16 in: bf16 products summed in float32, float32 scores and softmax (not bf16-rounded scores),
@@ -23,13 +26,6 @@ from embedcli.models.kernels import native
 from embedcli.models.kernels.pack_info import PackInfo, Window
 
 MAX_HEAD_DIM = 1024  # the kernel's own limit (scratch per thread grows with it)
-
-# On AVX2 (8 lanes, 16 registers) the kernel's products run at about the speed of torch's SDPA, whose MKL sgemm is
-# at home there: what it saves is the torch path's padding, gather and per-group work, which short sequences pay
-# most. Measured on an AMD EPYC Zen 3, one thread, 12 heads of 32, torch -> kernel: 60 sequences of 10-40 tokens
-# 4.5 -> 2.1 ms, 64 x 32 tokens 4.2 -> 3.0, 32 x 64 6.1 -> 4.8, 21 x 96 7.5 -> 6.7; 16 x 128 and 8 x 256 level,
-# 4 x 512 4% slower. So there a pack with a longer sequence keeps the torch path (on AVX-512 the kernel always pays).
-AVX2_MAX_LEN = 96
 
 
 def _rows(x: torch.Tensor, heads: int, dim: int) -> bool:
@@ -55,16 +51,7 @@ def _bias_fits(bias: torch.Tensor | None, heads: int, longest: int) -> bool:
 def applies(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo, bias: torch.Tensor | None = None
 ) -> bool:
-    """Whether `attention` serves these q, k, v (`serves`) and is the faster path for `pack` on this CPU."""
-    if not serves(q, k, v, pack, bias):
-        return False
-    return q.dtype != torch.float32 or native.float32_isa() != "avx2" or pack.max_len <= AVX2_MAX_LEN
-
-
-def serves(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackInfo, bias: torch.Tensor | None = None
-) -> bool:
-    """Whether `attention` computes these `[total, heads, dim]` q and `[total, kv_heads, dim]` k/v (and `bias`)."""
+    """Whether `attention` serves these `[total, heads, dim]` q and `[total, kv_heads, dim]` k/v (and `bias`)."""
     if q.device.type != "cpu" or pack.query_only or not native.available(q.dtype) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
     if not _bias_fits(bias, q.shape[1], pack.max_len):
@@ -102,7 +89,7 @@ def attention(
     `window` (left, right): query i sees keys i - left .. i + right (and none after i when `causal`).
     `bias`: an additive float32 `[1, heads, L, L]` bias by (query, key) position within a sequence (MPNet's
     relative positions), added to the scaled scores. Returns `[total, heads, dim]`, contiguous. Call only where
-    `serves(q, k, v, pack, bias)`.
+    `applies(q, k, v, pack, bias)`.
     """
     total, heads, dim = q.shape
     out = q.new_empty(total, heads, dim)
