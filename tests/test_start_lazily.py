@@ -166,7 +166,8 @@ def test_backend_autoload_is_skipped_for_torchs_own_devices(
 ) -> None:
     from embedcli.compute.build import skip_backend_autoload
 
-    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    # A copy of the environment, so that what the call sets does not outlive the test in this worker.
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"})
     skip_backend_autoload(device)
     assert os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == ("0" if skipped else None)
 

@@ -205,4 +205,3 @@ def test_what_the_kernel_does_not_serve() -> None:
         assert not fused_attention.applies(q.clone().requires_grad_(), k, v, pack)
     transposed = torch.randn(8, 10, 4).transpose(0, 2)  # heads not side by side in a row
     assert not fused_attention.applies(transposed, transposed, transposed, pack)
-

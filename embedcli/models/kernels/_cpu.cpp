@@ -1,6 +1,7 @@
-// embedcli's CPU kernels for AVX-512 machines (float32 also for AVX2 + FMA ones, at the end), called from Python with data pointers (no torch headers, so it builds
-// in seconds with any C++ compiler; see setup.py). Two kernels, each chosen per call by the Python side
-// (fused_attention.py, fused_norm.py), which also checks every pointer, shape and stride it passes:
+// embedcli's CPU kernels for AVX-512 machines (float32 also for AVX2 + FMA ones, at the end), called from Python
+// with data pointers (no torch headers, so it builds in seconds with any C++ compiler; see setup.py). Two kernels,
+// each chosen per call by the Python side (fused_attention.py, fused_norm.py), which also checks every pointer, shape
+// and stride it passes:
 //
 // attention: scores, softmax and values of one block of 8 query rows at a time, each sequence of the packed buffer
 //   on its own (no padding, no gather), float32 or bfloat16 (avx512_bf16) inputs, a window (left, right reach) and

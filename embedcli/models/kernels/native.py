@@ -34,7 +34,6 @@ def kernels() -> ModuleType:
     return _cpu
 
 
-
 _isa = _cpu.float32_isa() if _cpu is not None else "none"
 
 

@@ -21,7 +21,7 @@ _MIN_TOKEN_CHARS = 16  # an [UNK] or a normalized token can stand for more text 
 def clip_bound(tokenizer: Any, max_length: int) -> int:
     """Characters kept of an over-long text: twice max length x the longest vocab token (at least 16)."""
     longest = max((len(t) for t in tokenizer.get_vocab()), default=0)
-    return 2 * max_length * max(longest, _MIN_TOKEN_CHARS) + 1024
+    return max(least_bound(max_length), 2 * max_length * longest + 1024)
 
 
 def least_bound(max_length: int) -> int:
