@@ -13,7 +13,7 @@ import os
 import sys
 
 from embedcli.cli import batch, compute, families, search, tools
-from embedcli.cli.app import app
+from embedcli.cli.app import app, narrowed
 from embedcli.startup import pause
 
 __all__ = ["app", "batch", "compute", "families", "main", "search", "tools"]
@@ -33,7 +33,7 @@ def main() -> None:
         os.environ.setdefault(key, value)
     pause()  # the collector, until the work starts (`embedcli.startup`)
     try:
-        app()
+        narrowed(sys.argv[1:])()
     except SystemExit as stop:
         _exit(stop.code)
 

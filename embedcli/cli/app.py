@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+import os
+from collections.abc import Callable, Sequence
 
 import typer
+from typer.main import get_command_name
 
 from embedcli.cli.coercion import install
 from embedcli.cli.help import PlainHelpGroup
@@ -53,3 +56,28 @@ def run(fn: Callable[[], int]) -> None:
         typer.echo(f"embedcli: error: {e}", err=True)
         raise typer.Exit(EXIT_FATAL) from None
     raise typer.Exit(code)
+
+
+def narrowed(args: Sequence[str]) -> typer.Typer:
+    """`app` holding only the command `args` name, or the whole `app` when they name none.
+
+    typer builds the click command of every registered command on each start (their flags' signatures
+    and type hints): ~18 ms for the 14 commands against ~2 ms for one, paid before any work starts. A
+    command's own help, parsing and errors need only that command; the root's help, `--version`, an
+    unknown name (click suggests the near ones) and shell completion need them all, and get them all.
+    """
+    if not args or args[0].startswith("-") or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
+        return app
+    only = [c for c in app.registered_commands if _name(c) == args[0]]
+    if len(only) != 1 or app.registered_groups:
+        return app
+    view = copy.copy(app)
+    view.registered_commands = only
+    return view
+
+
+def _name(command: typer.models.CommandInfo) -> str | None:
+    """The name typer gives a registered command."""
+    if command.name:
+        return command.name
+    return get_command_name(command.callback.__name__) if command.callback else None
