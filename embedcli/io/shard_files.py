@@ -12,20 +12,18 @@ retried slice replaces its own files whole):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.commit import close_synced, create_temp, unlink_quiet, write_atomic
+from embedcli.io.commit import write_atomic
 from embedcli.io.manifest import META_DIR
-from embedcli.io.shards import INDEX_SCHEMA, WrittenShard, conform_table
-from embedcli.io.writers import dictionary_columns, statistics_columns
+from embedcli.io.shards import INDEX_SCHEMA, PartFile, WrittenShard, conform_table, index_bytes
 
 
 def slice_names(number: int) -> tuple[str, str, str]:
@@ -42,9 +40,7 @@ class ShardWriter:
         self.names = slice_names(number)
         self.meta = dict(meta)
         self.schema: pa.Schema | None = None
-        self._writer: pq.ParquetWriter | None = None
-        self._file: IO[bytes] | None = None
-        self._tmp: str | None = None
+        self._part: PartFile | None = None
         self._index: list[pa.Table] = []
         self._errors: list[dict[str, Any]] = []
         self.rows = 0
@@ -55,14 +51,9 @@ class ShardWriter:
         table = conform_table(table, self.schema)
         if self.schema is None:
             self.schema = table.schema.remove_metadata()
-        if self._writer is None:
-            self._tmp, self._file = create_temp(os.path.join(self.root, self.names[0]))
-            schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
-            self._writer = pq.ParquetWriter(
-                self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema),
-                write_statistics=statistics_columns(schema),
-            )
-        self._writer.write_table(table)
+        if self._part is None:
+            self._part = PartFile(os.path.join(self.root, self.names[0]), self.schema, self.meta)
+        self._part.write(table)
         self.rows += table.num_rows
         if index is None:
             self.indexed = False
@@ -77,21 +68,14 @@ class ShardWriter:
         """Close and rename the slice's files into place."""
         data, index, errors = self.names
         written_data = written_index = written_errors = None
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
-            writer.close()
-            file, self._file = self._file, None
-            assert file is not None and self._tmp is not None
-            close_synced(file)
-            os.replace(self._tmp, os.path.join(self.root, data))
-            self._tmp = None
+        if self._part is not None:
+            self._part.publish()
+            self._part = None
             written_data = data
         if self.indexed and self.rows:
-            index_table = pa.concat_tables(self._index).cast(INDEX_SCHEMA) if self._index else INDEX_SCHEMA.empty_table()
+            index_table = pa.concat_tables(self._index) if self._index else INDEX_SCHEMA.empty_table()
             if index_table.num_rows == self.rows:
-                sink = pa.BufferOutputStream()
-                pq.write_table(index_table, sink, compression="zstd", use_dictionary=False, write_statistics=False)
-                write_atomic(os.path.join(self.root, index), sink.getvalue().to_pybytes())
+                write_atomic(os.path.join(self.root, index), index_bytes(index_table))
                 written_index = index
             else:
                 self.indexed = False
@@ -103,15 +87,9 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Drop what was written (the slice is recomputed by a later run)."""
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                self._writer.close()
-        self._writer = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        unlink_quiet(self._tmp)
-        self._tmp = None
+        if self._part is not None:
+            self._part.discard()
+        self._part = None
 
 
 def drop_rows(
@@ -129,22 +107,16 @@ def drop_rows(
         schema = pf.schema_arrow
         table = pf.read().take(take)
         pf.close()
-        tmp, file = create_temp(path)
+        part = PartFile(path, schema)
         try:
-            with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=dictionary_columns(schema)) as w:
-                w.write_table(table)
-            close_synced(file)
+            part.write(table)
         except BaseException:
-            file.close()
-            unlink_quiet(tmp)
+            part.discard()
             raise
-        os.replace(tmp, path)
+        part.publish()
     if index is not None:
         path = os.path.join(root, index)
-        keys = pq.read_table(path).take(take)
-        sink = pa.BufferOutputStream()
-        pq.write_table(keys, sink, compression="zstd", use_dictionary=False)
-        write_atomic(path, sink.getvalue().to_pybytes())
+        write_atomic(path, index_bytes(pq.read_table(path).take(take)))
     if records:
         errors = errors or slice_names(number)[2]
         path = os.path.join(root, errors)

@@ -20,7 +20,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -185,6 +185,63 @@ def conform_table(table: pa.Table, schema: pa.Schema | None) -> pa.Table:
     return table.select(schema.names).cast(schema)
 
 
+class PartFile:
+    """One shard's Parquet rows, written to a fresh temp name beside `path` and renamed to it whole.
+
+    The run's Parquet settings (zstd, dictionaries and statistics by column), and `meta` as the file's
+    metadata (None: `schema`'s own); `discard` drops it at any point, so a failed or retried shard leaves
+    nothing behind, and an existing file at `path` stays as it was until `publish` replaces it.
+    """
+
+    def __init__(self, path: str, schema: pa.Schema, meta: Mapping[str, str] | None = None) -> None:
+        self.path = path
+        self._writer: pq.ParquetWriter | None = None
+        self.tmp, self._file = create_temp(path)
+        try:
+            if meta is not None:
+                schema = schema.with_metadata({k.encode(): v.encode() for k, v in meta.items()})
+            self._writer = pq.ParquetWriter(
+                self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema),
+                write_statistics=statistics_columns(schema),
+            )
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, table: pa.Table) -> None:
+        """Append rows (in the file's schema)."""
+        assert self._writer is not None, "the file is closed"
+        self._writer.write_table(table)
+
+    def publish(self, path: str | None = None) -> str:
+        """Close, sync and rename the file to `path` (default: the one it was opened for); returns that path."""
+        assert self._writer is not None, "the file is closed"
+        writer, self._writer = self._writer, None
+        writer.close()
+        close_synced(self._file)
+        target = path or self.path
+        os.replace(self.tmp, target)
+        return target
+
+    def discard(self) -> None:
+        """Drop the file (its rows are computed again by a later run)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        self._file.close()
+        unlink_quiet(self.tmp)
+
+
+def index_bytes(index: pa.Table) -> bytes:
+    """A row index (`INDEX_SCHEMA`) as the bytes of its Parquet file."""
+    if not index.schema.equals(INDEX_SCHEMA, check_metadata=True):  # (a cast imports compute)
+        index = index.cast(INDEX_SCHEMA)
+    sink = pa.BufferOutputStream()
+    pq.write_table(index, sink, compression="zstd", use_dictionary=False, write_statistics=False)
+    return sink.getvalue().to_pybytes()
+
+
 @dataclass(frozen=True)
 class WrittenShard:
     """The files of one shard written elsewhere (a worker: `embedcli.io.shard_files`), relative to the staging
@@ -217,9 +274,7 @@ class ShardStore:
         self.output = output
         self.previous = previous  # embedcli.io.previous.PreviousOutput, for rows taken over by reference
         self.schema: pa.Schema | None = None
-        self._writer: pq.ParquetWriter | None = None
-        self._file: IO[bytes] | None = None
-        self._tmp: str | None = None
+        self._part: PartFile | None = None
         self._data_file: str | None = None
         self._rows = 0
         self._refs: list[np.ndarray] = []
@@ -295,14 +350,9 @@ class ShardStore:
         number = len(self.manifest.shards)
         path = os.path.join(self.root, shard_name(number))
         try:
-            if self._writer is None:
-                self._tmp, self._file = create_temp(path)
-                schema = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
-                self._writer = pq.ParquetWriter(
-                    self._file, schema, compression="zstd", use_dictionary=dictionary_columns(schema),
-                    write_statistics=statistics_columns(schema),
-                )
-            self._writer.write_table(table)
+            if self._part is None:
+                self._part = PartFile(path, self.schema, self.meta)
+            self._part.write(table)
         except OSError as e:
             self.abort()
             raise output_error(self.output, e) from None
@@ -313,15 +363,9 @@ class ShardStore:
 
     def abort(self) -> None:
         """Drop the shard in progress (its rows will be recomputed)."""
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                self._writer.close()
-        self._writer = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        unlink_quiet(self._tmp)
-        self._tmp = None
+        if self._part is not None:
+            self._part.discard()
+        self._part = None
         self._data_file = None
         self._rows = 0
         self._refs = []
@@ -343,15 +387,9 @@ class ShardStore:
                            end=end.to_dict() if end is not None else None)
         written: list[str] = []
         try:
-            if self._writer is not None:
-                writer, self._writer = self._writer, None
-                writer.close()
-            if self._file is not None:
-                file, self._file = self._file, None
-                close_synced(file)
-            if self._tmp is not None:
-                os.replace(self._tmp, os.path.join(self.root, shard_name(number)))
-                self._tmp = None
+            if self._part is not None:
+                self._part.publish(os.path.join(self.root, shard_name(number)))
+                self._part = None
                 self._data_file = shard_name(number)
             if self._data_file is not None:
                 written.append(os.path.join(self.root, self._data_file))
@@ -370,12 +408,7 @@ class ShardStore:
                     self.manifest.indexed = False
                 else:
                     path = os.path.join(self.root, _index_name(number))
-                    sink_pa = pa.BufferOutputStream()
-                    if not index.schema.equals(INDEX_SCHEMA, check_metadata=True):  # (a cast imports compute)
-                        index = index.cast(INDEX_SCHEMA)
-                    pq.write_table(index, sink_pa, compression="zstd", use_dictionary=False,
-                                   write_statistics=False)
-                    write_atomic(path, sink_pa.getvalue().to_pybytes())
+                    write_atomic(path, index_bytes(index))
                     written.append(path)
                     entry.index = _index_name(number)
             if self._errors:
@@ -411,7 +444,7 @@ class ShardStore:
         Its files are renamed to the next shard's names (a data file whose columns are typed otherwise than
         the shards before it is rewritten in their types first); the manifest rewrite is the commit.
         """
-        if self._writer is not None or self._rows or self._errors:
+        if self._part is not None or self._rows or self._errors:
             raise RuntimeError("a shard is in progress in this staging area; commit it before adopting another")
         manifest = self.manifest
         start = manifest.records_done
@@ -460,17 +493,13 @@ class ShardStore:
         if schema.equals(self.schema, check_metadata=False):
             return
         table = conform_table(pq.read_table(arrow_source(path)).replace_schema_metadata(None), self.schema)
-        tmp, file = create_temp(path)
+        part = PartFile(path, self.schema, self.meta)
         try:
-            meta = self.schema.with_metadata({k.encode(): v.encode() for k, v in self.meta.items()})
-            with pq.ParquetWriter(file, meta, compression="zstd", use_dictionary=dictionary_columns(meta)) as w:
-                w.write_table(table.cast(meta))
-            close_synced(file)
+            part.write(table)
         except BaseException:
-            file.close()
-            unlink_quiet(tmp)
+            part.discard()
             raise
-        os.replace(tmp, path)
+        part.publish()
 
     # -- reading committed work ------------------------------------------------------------------
     def shard_files(self) -> list[str]:
