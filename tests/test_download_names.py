@@ -3,13 +3,13 @@ not a glob that pulls pickle weights), and a `../` name is refused before anythi
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.models.test_download import FakeHub, _embedcli, _env, _model_files
+from tests.fixtures.hub_server import FakeHub, serving
+from tests.models.test_download import _embedcli, _env, _model_files
 
 
 @pytest.fixture(scope="module")
@@ -18,12 +18,8 @@ def hub(tiny_model) -> Iterator[FakeHub]:  # type: ignore[no-untyped-def]
     star = {**files, "*": b"a file named star", "pytorch_model.bin": b"pickle: never without --allow-pickle",
             "weights/model.ckpt": b"pickle too"}
     escape = {**files, "../outside.txt": b"must never be written"}
-    server = FakeHub({"odd/star": star, "odd/escape": escape})
-    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
+    with serving({"odd/star": star, "odd/escape": escape}) as server:
+        yield server
 
 
 def test_a_file_named_star_does_not_fetch_pickle_weights(hub: FakeHub, tmp_path: Path) -> None:

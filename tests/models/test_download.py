@@ -1,107 +1,20 @@
-"""`embedcli download` and `-m org/model` resolution against a fake Hub on 127.0.0.1 (never the network).
-
-The server answers the endpoints huggingface_hub's `model_info`, `list_repo_tree` and `hf_hub_download`
-call: `GET /api/models/{repo}/revision/{rev}` (the commit sha), `GET /api/models/{repo}/tree/{sha}` (the
-recursive listing), and `HEAD`/`GET /{repo}/resolve/{rev}/{file}` with `X-Repo-Commit`, `ETag` and
-`Content-Length`. Every request is counted and logged; each embedcli call runs with short timeouts.
+"""`embedcli download` and `-m org/model` resolution against a fake Hub on 127.0.0.1 (never the network:
+`tests/fixtures/hub_server.py`). Every request is counted and logged; each embedcli call runs with short timeouts.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import pytest
 
-SHA = "0123456789abcdef0123456789abcdef01234567"
+from tests.fixtures.hub_server import SHA, FakeHub, serving
+
 MAX_REQUESTS = 40  # per test (two downloads of the tiny repo); past it every request is refused (403, no retry)
-
-
-class FakeHub:
-    """Repos (name -> {path: bytes}) served the way the Hub's API and file endpoints answer."""
-
-    def __init__(self, repos: dict[str, dict[str, bytes]]) -> None:
-        self.repos = repos
-        self.requests: list[str] = []
-        self.limit = MAX_REQUESTS
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = 10
-
-            def log_message(self, *args: object) -> None:  # keep pytest output clean
-                pass
-
-            def do_HEAD(self) -> None:
-                hub.answer(self, body=False)
-
-            def do_GET(self) -> None:
-                hub.answer(self, body=True)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def answer(self, req: BaseHTTPRequestHandler, body: bool) -> None:
-        self.requests.append(f"{req.command} {req.path}")
-        if len(self.requests) > self.limit:
-            return self.send(req, 403, b"request budget of the test spent", {}, body)
-        path = unquote(urlparse(req.path).path)
-        parts = path.strip("/").split("/")
-        if parts[:2] == ["api", "models"] and len(parts) in (4, 6):
-            # /api/models/{repo} (model_info without a revision) = /api/models/{repo}/revision/main
-            repo, kind, rev = "/".join(parts[2:4]), *(parts[4:6] if len(parts) == 6 else ("revision", "main"))
-            files = self.repos.get(repo)
-            if files is None:
-                return self.send(req, 404, b"{}", {"X-Error-Code": "RepoNotFound"}, body)
-            if rev not in ("main", SHA):
-                return self.send(req, 404, b"{}", {"X-Error-Code": "RevisionNotFound"}, body)
-            if kind == "revision":
-                info = {"id": repo, "sha": SHA, "siblings": [{"rfilename": p} for p in files]}
-                return self.send(req, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
-            if kind == "tree":
-                tree = [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                        for p, b in files.items()]
-                return self.send(req, 200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, body)
-        if len(parts) >= 5 and parts[2] == "resolve":
-            repo, rev, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
-            files = self.repos.get(repo)
-            if files is None:
-                return self.send(req, 404, b"", {"X-Error-Code": "RepoNotFound"}, body)
-            if rev not in ("main", SHA):
-                return self.send(req, 404, b"", {"X-Error-Code": "RevisionNotFound"}, body)
-            if name not in files:
-                return self.send(req, 404, b"", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": SHA}, body)
-            data = files[name]
-            etag = f'"{hashlib.sha1(data).hexdigest()}"'
-            return self.send(req, 200, data, {"X-Repo-Commit": SHA, "ETag": etag}, body)
-        return self.send(req, 404, b"", {}, body)
-
-    @staticmethod
-    def send(req: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
-        req.send_response(status)
-        for k, v in headers.items():
-            req.send_header(k, v)
-        req.send_header("Content-Length", str(len(data)))
-        req.end_headers()
-        if body:
-            req.wfile.write(data)
-
-    def fetched(self) -> set[str]:
-        """Files downloaded with GET."""
-        out = set()
-        for r in self.requests:
-            method, path = r.split(" ", 1)
-            if method == "GET" and "/resolve/" in path:
-                out.add(unquote(urlparse(path).path).split(f"/resolve/{SHA}/")[-1].split("/resolve/main/")[-1])
-        return out
 
 
 def _model_files(folder: Path) -> dict[str, bytes]:
@@ -123,12 +36,8 @@ def hub(tiny_model) -> Iterator[FakeHub]:  # type: ignore[no-untyped-def]
     tmp = folder.parent / "pickled-weights.bin"
     torch.save(load_file(str(folder / "model.safetensors")), tmp)
     pickled["pytorch_model.bin"] = tmp.read_bytes()
-    server = FakeHub({"tiny-org/tiny-bert": safe, "tiny-org/pickled-bert": pickled})
-    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
+    with serving({"tiny-org/tiny-bert": safe, "tiny-org/pickled-bert": pickled}, limit=MAX_REQUESTS) as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +74,7 @@ def test_download_fetches_safetensors_only_into_the_standard_cache_then_runs_off
     assert "model.safetensors" in fetched and "config.json" in fetched
     assert "pytorch_model.bin" not in fetched and "onnx/model.onnx" not in fetched
     assert f"downloading tiny-org/tiny-bert@{SHA}" in done.stderr
-    assert len(hub.requests) - start <= 2 * len(hub.repos["tiny-org/tiny-bert"]) + 6
+    assert len(hub.requests) - start <= 2 * len(hub.models["tiny-org/tiny-bert"]) + 6
 
     # a second download is a no-op; a run with the Hub switched off finds the snapshot in the cache
     before = len(hub.requests)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.objstore.hub_server import DatasetHub, serving
+from tests.fixtures.hub_server import FakeHub, serving
 
 
 def _free_port() -> int:
@@ -177,12 +177,12 @@ def gcs_put(gcs_server: Server) -> Callable[[str, bytes | str], str]:
 
 
 @pytest.fixture(scope="session")
-def dataset_hub() -> Iterator[DatasetHub]:
-    """A dataset Hub on 127.0.0.1 (tests/objstore/hub_server.py), empty until a test adds repos."""
-    with serving({}) as hub:
+def dataset_hub() -> Iterator[FakeHub]:
+    """A dataset Hub on 127.0.0.1 (tests/fixtures/hub_server.py), empty until a test adds repos."""
+    with serving() as hub:
         yield hub
 
 
-def hub_env(hub: DatasetHub) -> dict[str, str]:
+def hub_env(hub: FakeHub) -> dict[str, str]:
     """The environment of a CLI process that reads `hf://` from the test's Hub (huggingface_hub reads it at import)."""
     return {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": "", "HF_HUB_DISABLE_TELEMETRY": "1"}

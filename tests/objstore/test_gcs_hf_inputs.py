@@ -73,7 +73,7 @@ def _embedcli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Com
 
 def test_a_hub_dataset_file_and_glob_read_through_hf_urls(cli, st_model, dataset_hub, tmp_path):
     """huggingface_hub reads HF_ENDPOINT when it is imported: the runs are processes of their own, as a user's."""
-    dataset_hub.repos["tiny-org/corpus"] = {
+    dataset_hub.datasets["tiny-org/corpus"] = {
         "data/train.jsonl": jsonl(ROWS[:9]), "data/test.jsonl": jsonl(ROWS[9:]), "data/rows.parquet": parquet(ROWS),
         "README.md": b"# a dataset\n",
     }
