@@ -19,6 +19,7 @@ import queue
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -722,45 +723,44 @@ def assemble_file(
 ) -> str:
     """Assemble the committed shards into the single output file (temp file + rename); returns the output key.
 
-    The index sidecar is renamed into place first, the data file last: its appearance is the commit.
+    The index sidecar is renamed into place first, the data file last: its appearance is the commit. The
+    sidecar is written in a thread while the data is: both are Arrow's work (the GIL let go), and on a 1%
+    rerun of 1M rows the sidecar alone was ~0.4 s of a ~1.3 s assembly.
     """
     schema = output_schema(root, manifest, empty_schema, previous)
     output_key = output_key_for(root, manifest)
     final_meta = {**meta, KEY_OUTPUT: output_key, KEY_COMPLETE: "true"}
     sidecar = os.path.abspath(output) + INDEX_SUFFIX
-    sidecar_tmp: str | None = None
     writer: ResultWriter | None = None
-    try:
-        if manifest.indexed:
-            index_files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
-            sidecar_tmp = write_index_sidecar(sidecar, file_tables(index_files, INDEX_ROW_GROUP_ROWS), output_key,
-                                              manifest.units)
-        writer = open_writer(output, schema, final_meta, fmt=fmt)
-        for table in _ahead(rechunk(shard_tables(root, manifest, previous), schema, FINAL_ROW_GROUP_ROWS)):
-            writer.write(table)
-        if sidecar_tmp is not None:
-            os.replace(sidecar_tmp, sidecar)
-            sidecar_tmp = None
-        else:
-            unlink_quiet(sidecar)  # a stale index of an earlier output must not describe this one
-        writer.commit()
-    except OSError as e:
-        if writer is not None:
-            writer.abort()
-        unlink_quiet(sidecar_tmp)
-        raise output_error(output, e) from None
-    except OutputError as e:
-        if writer is not None:
-            writer.abort()
-        unlink_quiet(sidecar_tmp)
-        raise OutputError(
-            output, e.reason, fix=e.fix or "rerun the same command once fixed: committed work is kept"
-        ) from None
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        unlink_quiet(sidecar_tmp)
-        raise
+    with ThreadPoolExecutor(1, thread_name_prefix="embedcli-index") as pool:
+        staged: Future[str] | None = None
+        try:
+            if manifest.indexed:
+                index_files = [os.path.join(root, s.index) for s in manifest.shards if s.index]
+                staged = pool.submit(write_index_sidecar, sidecar, file_tables(index_files, INDEX_ROW_GROUP_ROWS),
+                                     output_key, manifest.units)
+            writer = open_writer(output, schema, final_meta, fmt=fmt)
+            for table in _ahead(rechunk(shard_tables(root, manifest, previous), schema, FINAL_ROW_GROUP_ROWS)):
+                writer.write(table)
+            if staged is not None:
+                os.replace(staged.result(), sidecar)
+                staged = None
+            else:
+                unlink_quiet(sidecar)  # a stale index of an earlier output must not describe this one
+            writer.commit()
+        except BaseException as e:
+            if writer is not None:
+                writer.abort()
+            if staged is not None:
+                with contextlib.suppress(BaseException):  # its own failure, if any, is not the one to report
+                    unlink_quiet(staged.result())
+            if isinstance(e, OSError):
+                raise output_error(output, e) from None
+            if isinstance(e, OutputError):
+                raise OutputError(
+                    output, e.reason, fix=e.fix or "rerun the same command once fixed: committed work is kept"
+                ) from None
+            raise
     fsync_dir(os.path.dirname(os.path.abspath(output)))
     return output_key
 

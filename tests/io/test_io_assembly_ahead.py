@@ -54,3 +54,50 @@ def test_ahead_stops_its_thread_when_the_consumer_stops_early() -> None:
 def test_valid_equals_arrows_is_valid(values: list[bytes | None], offset: int) -> None:
     array = pa.array(values, pa.binary(16)).slice(min(offset, len(values)))
     assert _valid(array).tolist() == np.asarray(array.is_valid().to_pylist(), bool).tolist()
+
+
+def _corpus(path, prefix: str):  # type: ignore[no-untyped-def]
+    import json
+
+    path.write_text("".join(json.dumps({"id": f"{prefix}{i}", "text": f"{prefix} text {i}"}) + "\n" for i in range(6)))
+    return path
+
+
+@pytest.mark.parametrize("fails", ["sidecar", "data"])
+def test_a_failed_assembly_keeps_the_old_output_and_leaves_no_temp_file(
+    cli, st_model, tmp_path, monkeypatch: pytest.MonkeyPatch, fails: str  # type: ignore[no-untyped-def]
+) -> None:
+    """The index sidecar is written in a thread beside the data: whichever of the two fails, the run exits
+    non-zero, the previous output and its sidecar keep their bytes, and neither side's temp file is left."""
+    import embedcli.io.shards as shards
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", "old")
+    out = tmp_path / "out.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", out, "-q")
+    sidecar = tmp_path / "out.parquet.embedcli-index.parquet"
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert sidecar.name in before
+    _corpus(corpus, "new")
+    before[corpus.name] = corpus.read_bytes()
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    if fails == "sidecar":
+        monkeypatch.setattr(shards, "write_index_sidecar", disk_full)
+    else:
+        real = shards.rechunk
+        calls = []
+
+        def rechunk(tables, schema, rows):  # type: ignore[no-untyped-def]
+            calls.append(rows)
+            if rows == shards.FINAL_ROW_GROUP_ROWS:  # the data's, not the sidecar's
+                disk_full()
+            return real(tables, schema, rows)
+
+        monkeypatch.setattr(shards, "rechunk", rechunk)
+    r = cli("embed", corpus, "-m", st_model, "-o", out, "-q", code=None)
+    assert r.exit_code != 0 and "No space left" in r.stderr
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("embedcli-index")]
