@@ -30,6 +30,8 @@ code paths and two new dependencies. So: a run refuses an unexpired lease of ano
 local output); otherwise it writes its own lease and reads it back, refusing when another owner's is there. The
 lease is renewed, and re-checked, at every commit *before* the manifest object is put, so two runs that raced
 past the read-back in the same instant find out at their next commit, before either commits over the other.
+Between the last commit and the end (assembling the output, uploading it) a thread renews it (`Lease.kept`), and
+the publish re-checks it first.
 A lease is taken over once it expires, or at once when it names this host (same boot) and a process that no
 longer exists (a run killed with `kill -9`, resumed on the same machine; containers that share a kernel and a
 host name look like one machine here: give them distinct host names). Its length is the larger of ten
@@ -45,6 +47,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -152,6 +155,32 @@ class Lease:
             raise OutputError(self.output, f"another embedcli run took over its lock ({self.url})",
                               fix="let that run finish; this one committed nothing more")
         self._write()
+
+    @contextlib.contextmanager
+    def kept(self, every: float | None = None) -> Iterator[None]:
+        """The lease renewed every `every` seconds (default: a quarter of its length) in a thread while the block
+        runs: assembling and uploading a large output can outlast a lease, and no commit renews it meanwhile.
+
+        A renewal that finds another owner (or cannot reach the store) ends the thread quietly: the next
+        renewal in the run's own thread (`publish`'s first step) reports it. The thread is joined on the way
+        out, so no renewal is in flight once the block is left.
+        """
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every if every is not None else self.seconds / 4):
+                try:
+                    self.renew()
+                except (EmbedcliError, OSError):
+                    return
+
+        thread = threading.Thread(target=beat, name="embedcli-lease", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def release(self) -> None:
         """Delete the lease object if it is still this run's (idempotent)."""
@@ -280,20 +309,25 @@ class StoreArea:
     def publish(self) -> None:
         """Mirror the end of a run: the output files it wrote or removed (sidecars first, the output last), then
         the staging prefix once the spool's staging folder is gone."""
-        self.lease.renew()  # still this run's after assembling (however long that took), and for as long again
-        for name in (*(self.name + s for s in SIBLINGS), self.name):
-            local = os.path.join(self.spool, name)
-            now = _signature(local)
-            if now is None and self._fetched.get(name) is not None:
-                delete(self._url(name))
-            elif now is not None and now != self._fetched.get(name):
-                upload(local, self._url(name))
-            self._fetched[name] = now
+        self.lease.renew()  # still this run's after assembling, or the run stops here
+        with self.lease.kept():  # however long the uploads take
+            for name in (*(self.name + s for s in SIBLINGS), self.name):
+                local = os.path.join(self.spool, name)
+                now = _signature(local)
+                if now is None and self._fetched.get(name) is not None:
+                    delete(self._url(name))
+                elif now is not None and now != self._fetched.get(name):
+                    upload(local, self._url(name))
+                self._fetched[name] = now
         if os.path.exists(self.root):
             return
         delete(f"{self.staging}/{MANIFEST_KEY}")  # first: a prefix half deleted is never a manifest naming nothing
         delete_prefix(self.staging)  # the rest, the lease with it
         self.lease.held = False
+
+    def kept(self) -> contextlib.AbstractContextManager[None]:
+        """The lease renewed in a thread while the block runs (`Lease.kept`): a long assembly."""
+        return self.lease.kept()
 
     def close(self) -> None:
         """Release the lease and remove the spool."""
@@ -326,6 +360,10 @@ class LocalArea:
 
     def publish(self) -> None:
         """Nothing to mirror: the local rename was the publish."""
+
+    def kept(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to renew: a local output's lock is held by its process."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         """Nothing to release."""

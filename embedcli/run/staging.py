@@ -254,7 +254,8 @@ def _finish(p: Pipeline, root: str, lock: Any, area: OutputArea) -> int:
     meta = _final_meta(p)
     if p.output.mode == "file":
         empty_schema = p.empty_output().schema
-        assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema, p.store.previous)
+        with area.kept():  # an object output's lease outlives an assembly of any length
+            assemble_file(root, manifest, p.output.path, p.job.target.fmt, meta, empty_schema, p.store.previous)
         lock.release()
         shutil.rmtree(root, ignore_errors=True)
     else:

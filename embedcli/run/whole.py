@@ -13,6 +13,7 @@ recognised as this run's), writes through a temp file and renames it into place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -205,7 +206,8 @@ class WholeOutput:
             meta = {**self.base_meta, **extra, KEY_ROWS: str(rows),
                     KEY_OUTPUT: output_key_for(root, saved), KEY_COMPLETE: "true"}
             remove_tmp_files(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
-            self.write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
+            with self.area.kept() if self.area is not None else contextlib.nullcontext():  # however long it writes
+                self.write(open_writer(path, schema, meta, fmt=self.job.target.fmt), tables, schema)
             unlink_quiet(index_sidecar(path))  # an earlier output's row index does not describe this one
         shutil.rmtree(root, ignore_errors=True)
         if self.area is not None:  # the whole file put in one upload (sidecars first): an object whole or none

@@ -182,3 +182,46 @@ def test_a_lease_lost_to_a_racing_run_is_found_at_the_next_commit(bucket, s3_env
     b.held = True
     b.release()
     assert _keys(bucket, "out/") == []
+
+
+def _lease_read(bucket, key: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return json.loads(_get(bucket, key))  # type: ignore[no-any-return]
+
+
+def test_a_kept_lease_outlives_its_length_while_the_block_runs(bucket, s3_env, monkeypatch):
+    """An assembly or an upload longer than the lease: renewed in a thread, the lease never expires meanwhile,
+    and the thread is gone once the block is left."""
+    import threading
+
+    from embedcli.io.store_area import Lease
+
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    key = "out/v.parquet.embedcli-staging/_embedcli/lock.json"
+    lease = Lease(bucket.url(key), "s3://x", 1.0)
+    lease.acquire()
+    with lease.kept(every=0.2):
+        time.sleep(1.6)
+        assert float(_lease_read(bucket, key)["expires"]) > time.time()  # 1.6 s into a 1 s lease
+    assert not [t for t in threading.enumerate() if t.name == "embedcli-lease"]
+    time.sleep(1.2)
+    assert float(_lease_read(bucket, key)["expires"]) < time.time()  # no renewal once the block is left
+    lease.release()
+    assert _keys(bucket, "out/") == []
+
+
+def test_a_kept_lease_taken_over_stops_renewing_and_the_next_renewal_says_so(bucket, s3_env, monkeypatch):
+    from embedcli.errors import OutputError
+    from embedcli.io.store_area import Lease
+
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    key = "out/v.parquet.embedcli-staging/_embedcli/lock.json"
+    a, b = Lease(bucket.url(key), "s3://x", 600), Lease(bucket.url(key), "s3://x", 600)
+    a.acquire()
+    with a.kept(every=0.1):
+        b._write()  # another run took the lease over (it had expired)
+        time.sleep(0.5)
+        assert _lease_read(bucket, key)["owner"] == b.owner  # the thread did not write over it
+    with pytest.raises(OutputError, match="took over its lock"):
+        a.renew()
