@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from embedcli.io.commit import write_atomic
 from embedcli.io.manifest import META_DIR
-from embedcli.io.shards import INDEX_SCHEMA, PartFile, WrittenShard, conform_table, index_bytes
+from embedcli.io.shards import INDEX_SCHEMA, PartFile, WrittenShard, conform_table, index_bytes, rewrite_part
 
 
 def slice_names(number: int) -> tuple[str, str, str]:
@@ -107,13 +107,7 @@ def drop_rows(
         schema = pf.schema_arrow
         table = pf.read().take(take)
         pf.close()
-        part = PartFile(path, schema)
-        try:
-            part.write(table)
-        except BaseException:
-            part.discard()
-            raise
-        part.publish()
+        rewrite_part(path, table, schema)
     if index is not None:
         path = os.path.join(root, index)
         write_atomic(path, index_bytes(pq.read_table(path).take(take)))

@@ -234,6 +234,17 @@ class PartFile:
         unlink_quiet(self.tmp)
 
 
+def rewrite_part(path: str, table: pa.Table, schema: pa.Schema, meta: Mapping[str, str] | None = None) -> None:
+    """Replace the Parquet file at `path` whole with `table` (`PartFile`'s settings); the old one stays on any error."""
+    part = PartFile(path, schema, meta)
+    try:
+        part.write(table)
+    except BaseException:
+        part.discard()
+        raise
+    part.publish()
+
+
 def index_bytes(index: pa.Table) -> bytes:
     """A row index (`INDEX_SCHEMA`) as the bytes of its Parquet file."""
     if not index.schema.equals(INDEX_SCHEMA, check_metadata=True):  # (a cast imports compute)
@@ -494,13 +505,7 @@ class ShardStore:
         if schema.equals(self.schema, check_metadata=False):
             return
         table = conform_table(pq.read_table(arrow_source(path)).replace_schema_metadata(None), self.schema)
-        part = PartFile(path, self.schema, self.meta)
-        try:
-            part.write(table)
-        except BaseException:
-            part.discard()
-            raise
-        part.publish()
+        rewrite_part(path, table, self.schema, self.meta)
 
     # -- reading committed work ------------------------------------------------------------------
     def shard_files(self) -> list[str]:
@@ -724,8 +729,8 @@ def assemble_file(
     """Assemble the committed shards into the single output file (temp file + rename); returns the output key.
 
     The index sidecar is renamed into place first, the data file last: its appearance is the commit. The
-    sidecar is written in a thread while the data is: both are Arrow's work (the GIL let go), and on a 1%
-    rerun of 1M rows the sidecar alone was ~0.4 s of a ~1.3 s assembly.
+    sidecar is written in a thread while the data is: both are Arrow's work (the GIL let go); on a 1% rerun
+    of 1M rows the assembly took 0.84-0.99 s so, against 0.91-1.08 s one after the other.
     """
     schema = output_schema(root, manifest, empty_schema, previous)
     output_key = output_key_for(root, manifest)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedcli.io.shards import INDEX_SCHEMA, PartFile, index_bytes
+from embedcli.io.shards import INDEX_SCHEMA, PartFile, index_bytes, rewrite_part
 
 TABLE = pa.table({"id": ["a", "b", "c"], "embedding": pa.array([[1.0, 2.0]] * 3, pa.list_(pa.float32(), 2))})
 
@@ -56,3 +56,16 @@ def test_index_bytes_keeps_the_index_schema() -> None:
     rows = INDEX_SCHEMA.empty_table()
     back = pq.read_table(pa.BufferReader(index_bytes(rows)))
     assert back.schema.equals(INDEX_SCHEMA)
+
+
+def test_rewrite_part_replaces_whole_or_keeps_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "slice-000001.parquet"
+    rewrite_part(str(path), TABLE, TABLE.schema)
+    old = path.read_bytes()
+    wrong = pa.table({"other": [1, 2]})  # not the file's schema: the write fails
+    with pytest.raises((ValueError, pa.ArrowInvalid)):
+        rewrite_part(str(path), wrong, TABLE.schema)
+    assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == [path.name]
+    rewrite_part(str(path), TABLE.slice(1), TABLE.schema, {"k": "v"})
+    back = pq.read_table(path)
+    assert back.num_rows == 2 and back.schema.metadata == {b"k": b"v"}
