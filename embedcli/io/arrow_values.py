@@ -92,6 +92,18 @@ def _buffer_view(array: Any) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
+def valid_mask(array: pa.Array) -> np.ndarray:
+    """Which values of `array` are not null (from its validity bitmap)."""
+    n = len(array)
+    bitmap = array.buffers()[0]
+    if bitmap is None or array.null_count == 0:
+        return np.ones(n, np.bool_)
+    if array.null_count == n:
+        return np.zeros(n, np.bool_)
+    bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
+    return bits[array.offset : array.offset + n].astype(np.bool_)
+
+
 def scattered(n: int, at: np.ndarray, values: Sequence[Any], type: pa.DataType) -> Any:
     """An array of `n` nulls of `type` (fixed-size binary or integer) with `values` at rows `at`."""
     valid = np.zeros(n, np.bool_)

@@ -3,17 +3,18 @@ blocks are carried over unread, and where reading stands after each batch (see `
 
 from __future__ import annotations
 
+import functools
 import lzma
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from embedcli.io.errors import STDIN, InputError
-from embedcli.io.positions import BLOCK_LINES, WHOLE, Carried, FilePart, ReadPoint, identity
+from embedcli.io.positions import BLOCK_LINES, WHOLE, Carried, FilePart, ReadPoint, identity, line_identities
 from embedcli.io.reader_base import (
     BOM,
     BatchBuilder,
@@ -85,6 +86,17 @@ def _stream(path: str, spec: ReadSpec, fmt: LineFormat, file: int) -> Iterator[I
 CHUNK_BYTES = 1 << 20
 
 
+@dataclass
+class _Ahead:
+    """A chunk's blocks looked up at once (`_LineBlocks.look_ahead`), under the context they were hashed in:
+    first line -> (identity, (first row, rows) in the previous output or None, line identities, previous
+    rows of the lines)."""
+
+    context: str
+    blocks: dict[int, tuple[bytes, tuple[int, int] | None, np.ndarray | None, np.ndarray | None]] = field(
+        default_factory=dict)
+
+
 class _LineBlocks:
     """One text file's blocks and batches (see `read_line_blocks`)."""
 
@@ -109,33 +121,120 @@ class _LineBlocks:
         spec, fmt, file = self.spec, self.fmt, self.file
         return lambda: ReadPoint(file, offset, line, state={"spec": spec.state(), "file": fmt.state()})
 
-    def flush(self, first_line: int, data: bytes, ends: list[int]) -> None:
-        """Read a block's lines (`data`, lines ending at `ends`), or carry them over unread."""
+    def look_ahead(self, data: bytes, ends: list[int], spans: list[tuple[int, int, int, int]],
+                   at_start: bool) -> _Ahead | None:
+        """The identities of a chunk's blocks and, for those the previous output lacks, of their lines and
+        the previous rows of those: one lookup for the chunk, not one per block that changed."""
+        spec = self.spec
+        context = self.fmt.context() if spec.identities else None
+        if context is None or spec.carry_lines is None:
+            return None
+        ahead = _Ahead(context)
+        changed: list[tuple[int, np.ndarray]] = []
+        for first_line, s, a, b in spans:
+            if at_start and s == 0 and data.startswith(BOM):
+                s += len(BOM)
+            block = data[s : ends[b - 1]]
+            ident = identity(f"{context}\x00{first_line}", block)
+            found = spec.carry_blocks.get(ident) if spec.carry_blocks else None
+            lines = None if found is not None else line_identities(context, block, [x - s for x in ends[a:b]])
+            ahead.blocks[first_line] = (ident, found, lines, None)
+            if lines is not None:
+                changed.append((first_line, lines))
+        if changed:
+            every = np.concatenate([lines for _, lines in changed])
+            numbers = np.concatenate([first + np.arange(len(lines), dtype=np.int64) for first, lines in changed])
+            prev = spec.carry_lines(every, numbers)
+            at = 0
+            for first_line, lines in changed:
+                ident, found, _, _ = ahead.blocks[first_line]
+                ahead.blocks[first_line] = (ident, found, lines, prev[at : at + len(lines)])
+                at += len(lines)
+        return ahead
+
+    def flush(self, first_line: int, data: bytes, ends: list[int], ahead: _Ahead | None = None) -> None:
+        """Read a block's lines (`data`, lines ending at `ends`), or carry them over unread: the whole block, or
+        (a block that changed) its unchanged lines."""
         spec, fmt, builder = self.spec, self.fmt, self.builder
         ident = None
+        lines = None
         context = fmt.context() if spec.identities else None
         if context is not None:
-            ident = identity(f"{context}\x00{first_line}", data)
-            found = spec.carry_blocks.get(ident) if spec.carry_blocks else None
+            known = ahead.blocks.get(first_line) if ahead is not None and ahead.context == context else None
+            if known is not None:
+                ident, found, lines, prev = known
+            else:
+                ident = identity(f"{context}\x00{first_line}", data)
+                found = spec.carry_blocks.get(ident) if spec.carry_blocks else None
+                prev = None
             if found is not None:
                 builder.carry(first_line, ident, Carried(found[0], found[1],
                                                          reread=lambda: self.reread(first_line, data, ends)))
                 return
+            if lines is None:
+                lines = line_identities(context, data, ends)
+            if prev is None and spec.carry_lines is not None:
+                prev = spec.carry_lines(lines, first_line + np.arange(len(lines), dtype=np.int64))
+            if prev is not None and bool((prev >= 0).any()):
+                assert ident is not None
+                self._pieces(first_line, ident, data, ends, lines, prev)
+                return
         builder.begin(first_line, ident)
-        self._parse(builder, first_line, data, ends)
+        self._parse(builder, first_line, data, ends, lines)
         builder.end_block()
 
-    def _parse(self, b: BatchBuilder, first_line: int, data: bytes, ends: list[int]) -> None:
+    def _pieces(self, first_line: int, ident: bytes, data: bytes, ends: list[int], lines: np.ndarray,
+                prev: np.ndarray) -> None:
+        """A block that changed, in pieces: each run of lines the previous output has (at consecutive rows)
+        carried over, the lines between read."""
+        builder = self.builder
+        before = len(builder.blocks)
+        rows = prev.tolist()
+        n = len(ends)
+        k = 0
+        while k < n:
+            m = k + 1
+            if rows[k] >= 0:
+                while m < n and rows[m] == rows[m - 1] + 1:
+                    m += 1
+                lo, hi = ends[k - 1] if k else 0, ends[m - 1]
+                piece_ends = [e - lo for e in ends[k:m]]
+                builder.carry(first_line + k, None, Carried(
+                    rows[k], m - k, reread=functools.partial(self.reread, first_line + k, data[lo:hi], piece_ends,
+                                                              lines[k:m])))
+            else:
+                while m < n and rows[m] < 0:
+                    m += 1
+                lo = ends[k - 1] if k else 0
+                builder.begin(first_line + k)
+                self._parse(builder, first_line + k, data[lo:ends[m - 1]], [e - lo for e in ends[k:m]], lines[k:m])
+                builder.end_block()
+            k = m
+        pieces = builder.blocks[before:]
+        for block in pieces:
+            block.piece = True
+        if pieces:
+            pieces[0].whole, pieces[0].pieces = ident, len(pieces)
+
+    def _parse(self, b: BatchBuilder, first_line: int, data: bytes, ends: list[int],
+               lines: np.ndarray | None = None) -> None:
         at = 0
+        line_ids = lines.tolist() if lines is not None else None
         for k, end in enumerate(ends):
+            if line_ids is not None:
+                b.line = line_ids[k]
             self.fmt.parse(b, first_line + k, data[at:end])
             at = end
+        b.line = 0
 
-    def reread(self, first_line: int, data: bytes, ends: list[int]) -> Iterator[InputBatch]:
-        """A carried block read after all (the run met one of its ids earlier)."""
+    def reread(self, first_line: int, data: bytes, ends: list[int], lines: np.ndarray | None = None) -> Iterator[InputBatch]:
+        """A carried block (or piece of one) read after all (the run met one of its ids earlier)."""
         b = self.fmt.builder()
         b.begin(first_line)
-        self._parse(b, first_line, data, ends)
+        context = self.fmt.context() if lines is None and self.spec.identities else None
+        if context is not None:
+            lines = line_identities(context, data, ends)
+        self._parse(b, first_line, data, ends, lines)
         yield b.take()
 
     def boundary(self, before: int, line: int) -> Iterator[InputBatch | None]:
@@ -173,6 +272,7 @@ class _LineBlocks:
                     ends.append(len(data))  # a last line with no line break
                 n = len(ends)
                 i = 0
+                spans = []  # the chunk's blocks: (first line, start byte, first and last line + 1 of `ends`)
                 while i < n:
                     first_line = line + i + 1
                     j = i + size - (first_line - 1) % size
@@ -185,17 +285,19 @@ class _LineBlocks:
                         while ends[k] - s < cap:
                             k += 1
                         j = k + 1
+                    spans.append((first_line, s, i, j))
+                    i = j
+                ahead = self.look_ahead(data, ends, spans, pos == 0) if self.spec.carry_lines is not None else None
+                for first_line, s, a, b in spans:
                     if not first:
                         for batch in self.boundary(pos + s, first_line):
                             if batch is None:
                                 return
                             yield batch
                     first = False
-                    e = ends[j - 1]
                     if pos + s == 0 and data.startswith(BOM):
                         s += len(BOM)
-                    self.flush(first_line, data[s:e], [x - s for x in ends[i:j]])
-                    i = j
+                    self.flush(first_line, data[s : ends[b - 1]], [x - s for x in ends[a:b]], ahead)
                 used = ends[i - 1] if i else 0
                 data = data[used:]
                 pos += used

@@ -20,11 +20,13 @@ input at the point its last commit reached instead of reading the committed reco
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 BLOCK_LINES = 16
@@ -34,6 +36,8 @@ BLOCK_BYTES = 1 << 16
 text, where that is less): long documents make short blocks, so a batch of whole blocks still holds a few
 forwards."""
 IDENTITY_BYTES = 16
+LOC_SHIFT = 40
+"""A row's packed location: its input file's index << LOC_SHIFT | its line (text) or row (Parquet) number."""
 UNIT_PIECE = 1 << 16
 """A file or row group carried over whole is handed on in pieces of this many rows (a batch each)."""
 
@@ -106,6 +110,12 @@ class Block:
     carried: Carried | None = None
     unit: bytes | None = None  # on a Parquet row group's first block: the row group's identity
     file_unit: bytes | None = None  # on a file's first block: the file's identity
+    # A block that changed, read in pieces (its unchanged lines carried over, the others read): on its first
+    # piece, its identity and how many pieces it has (the identity goes to its first row if all its records
+    # become rows, as for a block read whole)
+    whole: bytes | None = None
+    pieces: int = 0
+    piece: bool = False  # one piece of such a block
 
     @property
     def records(self) -> int:
@@ -136,6 +146,31 @@ def digest(*parts: object) -> str:
         h.update(repr(p).encode("utf-8", "surrogateescape"))
         h.update(b"\x00")
     return h.hexdigest()
+
+
+def line_identities(context: str, data: bytes, ends: Sequence[int]) -> np.ndarray:
+    """Each line's identity: BLAKE2b-64 of its context and raw bytes (int64, never 0: a null's stand-in).
+
+    A line of a block that changed gives the same row as the previous output's line of the same identity at
+    the same line number (`PreviousOutput.line_rows` checks the number), so it is carried over alone."""
+    h0 = _line_hasher(context)
+    view = memoryview(data)
+    parts = []
+    at = 0
+    for end in ends:
+        h = h0.copy()
+        h.update(view[at:end])
+        parts.append(h.digest())
+        at = end
+    ids = np.frombuffer(b"".join(parts), "<i8").copy()
+    ids[ids == 0] = 1
+    return ids
+
+
+@functools.lru_cache(maxsize=64)
+def _line_hasher(context: str) -> Any:
+    key = hashlib.blake2b(context.encode("utf-8", "surrogateescape")).digest()  # fixed length: no prefix is another's
+    return hashlib.blake2b(key, digest_size=8, person=b"embedcli-line")
 
 
 def identity(context: str, *payload: bytes | memoryview) -> bytes:

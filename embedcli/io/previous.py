@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedcli.io.arrow_values import arrow_array, to_numpy
+from embedcli.io.arrow_values import arrow_array, to_numpy, valid_mask
 from embedcli.io.commit import arrow_source
 from embedcli.io.errors import InputError
 from embedcli.io.manifest import (
@@ -25,20 +25,9 @@ from embedcli.io.manifest import (
     Manifest,
     output_metadata,
 )
+from embedcli.io.positions import LOC_SHIFT
 from embedcli.io.shards import INDEX_COLUMNS, KEY_WIDTH, keys_numpy
 from embedcli.io.units import KEY_UNITS, InputUnits
-
-
-def _valid(array: pa.Array) -> np.ndarray:
-    """Which values of `array` are not null (from its validity bitmap)."""
-    n = len(array)
-    bitmap = array.buffers()[0]
-    if bitmap is None or array.null_count == 0:
-        return np.ones(n, np.bool_)
-    if array.null_count == n:
-        return np.zeros(n, np.bool_)
-    bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
-    return bits[array.offset : array.offset + n].astype(np.bool_)
 
 
 class _Segments:
@@ -154,6 +143,7 @@ class PreviousOutput:
         self._prefix = prefix[self._order]
         self.columns: set[str] = set()
         self._ids: tuple[np.ndarray, np.ndarray] | None = None
+        self._lines: tuple[np.ndarray, np.ndarray] | None = None
         if self.index is not None and self.index.files:
             self.columns = set(pq.read_schema(arrow_source(self.index.files[0])).names)
 
@@ -293,6 +283,44 @@ class PreviousOutput:
         """Whether the row index has the id hashes and locations a run needs to carry rows over unread."""
         return self.index is not None and self.keys_ok and {"idh", "loc", "block", "block_rows"} <= self.columns
 
+    def has_lines(self) -> bool:
+        """Whether the row index has its text rows' line identities (carried over line by line)."""
+        return self.has_ids() and "line" in self.columns
+
+    def line_rows(self, lines: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+        """Per line identity (of a text file's lines `numbers`): the row the previous output has for that line
+        (the same identity and line number), or -1."""
+        if self._lines is None:  # read once, on the first block that changed: 16 bytes a row
+            ids = np.zeros(self.rows, np.int64)
+            at = 0
+            for rb in self._batches(["line"]):
+                column = rb.column(0)
+                n = len(column)
+                if column.null_count < n:
+                    values = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + n]
+                    ids[at : at + n] = np.where(valid_mask(column), values, 0)
+                at += n
+            order = np.argsort(ids[:at], kind="stable")
+            self._lines = (ids[order], order)
+        values, order = self._lines
+        out = np.full(len(lines), -1, np.int64)
+        if not len(values) or not len(lines):
+            return out
+        loc = self.id_rows(0, self.rows)[1]
+        mask = (1 << LOC_SHIFT) - 1
+        lo = np.searchsorted(values, lines, side="left")
+        hi = np.searchsorted(values, lines, side="right")
+        first = order[np.minimum(lo, len(order) - 1)]
+        hit = (hi > lo) & ((loc[first] & mask) == numbers)
+        out[hit] = first[hit]
+        for k in np.nonzero(~hit & (hi - lo > 1))[0].tolist():  # the same line at other numbers (a repeated text)
+            for j in range(int(lo[k]) + 1, int(hi[k])):
+                row = int(order[j])
+                if int(loc[row]) & mask == int(numbers[k]):
+                    out[k] = row
+                    break
+        return out
+
     def blocks(self) -> dict[bytes, tuple[int, int]]:
         """Block identity -> (first row, rows) of every block the previous output has whole."""
         if not self.has_ids():
@@ -302,7 +330,7 @@ class PreviousOutput:
         for rb in self._batches(["block", "block_rows"]):
             ident, rows = rb.column(0), rb.column(1)
             # to_numpy, not np.asarray: pyarrow's own conversion imports pandas (0.25-0.5 s)
-            where = np.nonzero(_valid(ident))[0]
+            where = np.nonzero(valid_mask(ident))[0]
             if len(where):
                 marks = ident.take(arrow_array(where)).to_pylist()
                 counts = to_numpy(rows.take(arrow_array(where))).tolist()

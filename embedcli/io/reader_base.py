@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
+import numpy as np
 import pyarrow as pa
 
 from embedcli.io.arrow_values import arrow_array, value_type
@@ -59,6 +60,7 @@ class InputBatch:
     column_types: dict[str, pa.DataType] = field(default_factory=dict)
     id_type: pa.DataType = field(default_factory=pa.string)  # of the input's ids; `ids` holds their string form
     numbers: list[int] | None = None  # the line (text) or row (Parquet) number of each row
+    lines: list[int] | None = None  # a text input's rows: each one's line identity (0: none)
     blocks: list[Block] = field(default_factory=list)
     end: ReadPoint | None = None
     grid_end: bool = False
@@ -123,6 +125,9 @@ class ReadSpec:
     # `--incremental`: identity -> (first row, rows) in the previous output of a block / a file or row group
     carry_blocks: Mapping[bytes, tuple[int, int]] | None = None
     carry_units: Mapping[bytes, tuple[int, int]] | None = None
+    # ... and of a text block that changed: (its lines' identities, their line numbers) -> each line's row
+    # in the previous output (-1: none), so its unchanged lines are carried over one by one
+    carry_lines: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
     identities: bool = True  # compute block identities (not for inputs read once, such as stdin)
     block_lines: int = BLOCK_LINES  # lines (rows) of a block: 16, or `batch_rows` when that is less
     block_bytes: int = BLOCK_BYTES  # a block ends at the line bringing its text to this: 64 KiB or 1/8 batch
@@ -197,6 +202,8 @@ class BatchBuilder:
         self.ids: list[str] = []
         self.raw_ids: list[Any] = []  # the ids as the input has them (JSON: int or str), when inferring types
         self.texts: list[str | None] = []
+        self.lines: list[int] = []  # per row: its line's identity (0: none)
+        self.line = 0  # the identity of the line being parsed (set by a line-based reader)
         self.columns: dict[str, list[Any]] = {c: [] for c in spec.keep_cols}
         self.extra: dict[str, list[str | None]] = {c: [] for c in spec.extra_text_cols}
         self.chars = 0  # text characters held (only counted under a `batch_chars` cap)
@@ -273,6 +280,7 @@ class BatchBuilder:
         self.locations.append(location)
         self.numbers.append(number)
         self.ids.append(rid)
+        self.lines.append(self.line)
         if self.infer_types:
             self.raw_ids.append(rid if raw_id is None else raw_id)
         self.texts.append(text)
@@ -304,6 +312,7 @@ class BatchBuilder:
         self.locations += locations
         self.numbers += numbers
         self.ids += ids
+        self.lines += [0] * len(ids)
         self.texts += texts
         if self.spec.batch_chars is not None:
             self.chars += sum(len(t) for t in texts if t is not None)
@@ -333,11 +342,12 @@ class BatchBuilder:
             columns=self.columns,
             extra_texts=self.extra,
             numbers=self.numbers,
+            lines=self.lines,
             blocks=self.blocks,
             grid_end=grid_end,
         )
         raw_ids = self.raw_ids
-        self.locations, self.numbers, self.ids, self.texts, self.raw_ids = [], [], [], [], []
+        self.locations, self.numbers, self.ids, self.texts, self.raw_ids, self.lines = [], [], [], [], [], []
         self.columns = {c: [] for c in self.spec.keep_cols}
         self.extra = {c: [] for c in self.spec.extra_text_cols}
         self.blocks, self.records, self.chars = [], 0, 0
@@ -382,6 +392,7 @@ class BatchBuilder:
             block.first, block.stop = kept_before, kept_before + size
             kept_before += size
         numbers = batch.numbers or []
+        lines = batch.lines or []
         return InputBatch(
             source=batch.source,
             locations=[batch.locations[j] for j in keep],
@@ -390,6 +401,7 @@ class BatchBuilder:
             columns={c: [v[j] for j in keep] for c, v in batch.columns.items()},
             extra_texts={c: [v[j] for j in keep] for c, v in batch.extra_texts.items()},
             numbers=[numbers[j] for j in keep] if numbers else None,
+            lines=[lines[j] for j in keep] if lines else None,
             blocks=batch.blocks,
             end=batch.end,
             grid_end=batch.grid_end,

@@ -169,6 +169,7 @@ def read_inputs(
     fingerprints: Sequence[Mapping[str, Any]] | None = None,
     carry_blocks: Mapping[bytes, tuple[int, int]] | None = None,
     carry_units: Mapping[bytes, tuple[int, int, Any]] | None = None,
+    carry_lines: Callable[[Any, Any], Any] | None = None,
 ) -> InputReader:
     """Stream records from files, globs or `-` (stdin) as InputBatch objects, in input order.
 
@@ -184,7 +185,8 @@ def read_inputs(
     For a run: `start`/`stop` (`ReadPoint`s) bound what is read; `cuts` (file index -> byte offsets, rows for
     Parquet) are where batches must end; with the inputs' `fingerprints`, `carry_units` (a file's or row
     group's identity -> (first row, rows, reader state after it) in the previous output) and `carry_blocks`
-    (a block's identity -> (first row, rows)) say what `--incremental` carries over unread.
+    (a block's identity -> (first row, rows)) say what `--incremental` carries over unread; `carry_lines`
+    (a changed block's line identities and numbers -> each line's previous row, -1: none), which of its lines.
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
@@ -198,6 +200,7 @@ def read_inputs(
         on_bad_row=on_bad_row,
         batch_chars=batch_chars,
         carry_blocks=carry_blocks,
+        carry_lines=carry_lines,
         block_lines=min(BLOCK_LINES, batch_rows),
         block_bytes=min(BLOCK_BYTES, max(1, batch_chars // 8)) if batch_chars else BLOCK_BYTES,
     )
@@ -347,8 +350,8 @@ class InputReader:
         def reread() -> Iterator[InputBatch]:
             path, fmt = self.plan[f]
             spec = self.spec
-            held = spec.carry_blocks, spec.carry_units
-            spec.carry_blocks = spec.carry_units = None  # read every row of it (nothing carried over)
+            held = spec.carry_blocks, spec.carry_units, spec.carry_lines
+            spec.carry_blocks = spec.carry_units = spec.carry_lines = None  # read every row of it (nothing carried)
             try:
                 pos = 0
                 for batch in self._read_file(f, path, fmt, None, None, ()):
@@ -360,7 +363,7 @@ class InputReader:
                     if pos >= skip + rows:
                         return
             finally:
-                spec.carry_blocks, spec.carry_units = held
+                spec.carry_blocks, spec.carry_units, spec.carry_lines = held
         return reread
 
 
@@ -383,7 +386,7 @@ def _rows_of(batch: InputBatch, lo: int, hi: int, end: ReadPoint | None = None) 
         columns={c: v[lo:hi] for c, v in batch.columns.items()},
         extra_texts={c: v[lo:hi] for c, v in batch.extra_texts.items()},
         column_types=batch.column_types, id_type=batch.id_type, numbers=numbers,
-        blocks=[Block(file, numbers[0] if numbers else 0, 0, hi - lo)], end=end,
+        lines=batch.lines[lo:hi] if batch.lines else None, blocks=[Block(file, numbers[0] if numbers else 0, 0, hi - lo)], end=end,
     )
 
 

@@ -55,6 +55,7 @@ INDEX_SCHEMA = pa.schema([
     ("loc", pa.int64()),  # where it was read: input file index << 40 | line or row number
     ("block", KEY_TYPE),  # on the first row of a block read whole: the block's identity (`embedcli.io.positions`)
     ("block_rows", pa.int32()),  # ... and its rows
+    ("line", pa.int64()),  # a text input's row: its line's identity (`embedcli.io.positions.line_identities`)
 ])
 INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
 FINAL_ROW_GROUP_ROWS = 8192
@@ -245,10 +246,19 @@ def rewrite_part(path: str, table: pa.Table, schema: pa.Schema, meta: Mapping[st
     part.publish()
 
 
+def conform_index(index: pa.Table, schema: pa.Schema = INDEX_SCHEMA) -> pa.Table:
+    """A row index in `schema`'s columns and types; a column an older index lacks (`line`) is null."""
+    if index.schema.equals(schema, check_metadata=False):  # (a cast imports pyarrow.compute: only where needed)
+        return index
+    for name in schema.names:
+        if name not in index.column_names:
+            index = index.append_column(schema.field(name), pa.nulls(index.num_rows, schema.field(name).type))
+    return index.select(schema.names).cast(schema)
+
+
 def index_bytes(index: pa.Table) -> bytes:
     """A row index (`INDEX_SCHEMA`) as the bytes of its Parquet file."""
-    if not index.schema.equals(INDEX_SCHEMA, check_metadata=True):  # (a cast imports compute)
-        index = index.cast(INDEX_SCHEMA)
+    index = conform_index(index).replace_schema_metadata(None)
     sink = pa.BufferOutputStream()
     pq.write_table(index, sink, compression="zstd", use_dictionary=False, write_statistics=False)
     return sink.getvalue().to_pybytes()
@@ -708,7 +718,7 @@ def write_index_sidecar(
             # show in the bytes, so a resumed run's sidecar is the uninterrupted run's.
             for table in rechunk(tables, schema.remove_metadata(), INDEX_ROW_GROUP_ROWS):
                 # A cast only where needed: Table.cast imports pyarrow.compute (~50 ms of a short run's start).
-                writer.write_table(table if table.schema.equals(schema, check_metadata=False) else table.cast(schema))
+                writer.write_table(conform_index(table, schema.remove_metadata()))
         close_synced(file)
     except BaseException:
         file.close()

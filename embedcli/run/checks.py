@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from embedcli.errors import InputError, TooManyErrors, display_path
-from embedcli.io.arrow_values import arrow_array, scattered
+from embedcli.io.arrow_values import arrow_array, scattered, to_numpy, valid_mask
 from embedcli.io.positions import Block, ReadPoint
-from embedcli.io.shards import INDEX_SCHEMA, KEY_TYPE, keys_array
+from embedcli.io.shards import INDEX_SCHEMA, KEY_TYPE, conform_index, keys_array
 from embedcli.run.flags import RunFlags
 from embedcli.run.ids import SHIFT, IdSet, id_hashes, pack_locations
 from embedcli.run.source import concat_batches, null_text_error, slice_batch, subset
@@ -50,6 +50,10 @@ class Work:
     read_idh: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per row of `batch`: id hash
     read_loc: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per row of `batch`: packed location
     marks: list[tuple[int, bytes, int]] = field(default_factory=list)  # (row of `batch`, block identity, rows)
+    # Blocks read in pieces (`Block.pieces`): (output row, block identity, rows) of those whose every record
+    # became a row; and per row carried over unread, whether it is a piece's (its old block mark not kept)
+    piece_marks: list[tuple[int, bytes, int]] = field(default_factory=list)
+    unread_pieces: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
     keys: np.ndarray | None = None  # per row of `batch`: row key (set by `Carry.split`)
     compute_idx: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # rows of `batch` to compute
     carry_idx: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # rows of `batch` carried over by row key
@@ -173,6 +177,10 @@ class _Builder:
         self.errors: list[InputError] = []
         self.marks: list[tuple[int, bytes, int]] = []
         self.counts: list[tuple[int, int, int, int]] = []
+        self.rows = 0  # output rows so far
+        self.unread_pieces: list[np.ndarray] = []
+        # per block in output order: (block, its first output row, rows, every record of it a row)
+        self.placed: list[tuple[Block, int, int, bool]] = []
 
     def read(self, batch: Any, keep: np.ndarray, h: np.ndarray, locs: np.ndarray) -> None:
         n = len(keep)
@@ -189,12 +197,27 @@ class _Builder:
         self.loc.append(locs)
         self.segments.append(("read", n, None))
         self.read_rows += n
+        self.rows += n
 
-    def unread_rows(self, locs: np.ndarray, prev: int) -> None:
+    def unread_rows(self, locs: np.ndarray, prev: int, pieces: np.ndarray) -> None:
         n = len(locs)
         self.src.append(np.full(n, -1, np.int64))
         self.unread_prev.append(prev + np.arange(n, dtype=np.int64))
         self.segments.append(("unread", n, locs))
+        self.unread_pieces.append(pieces)
+        self.rows += n
+
+    def piece_marks(self) -> list[tuple[int, bytes, int]]:
+        """The marks of the blocks read in pieces whose every record became a row (see `Work.piece_marks`)."""
+        marks = []
+        for i, (block, start, _, _) in enumerate(self.placed):
+            if block.whole is None or block.pieces < 1:
+                continue
+            group = self.placed[i : i + block.pieces]
+            rows = sum(g[2] for g in group)
+            if all(g[3] for g in group) and rows:
+                marks.append((start, block.whole, rows))
+        return marks
 
     def work(self, records: int, batch: Any) -> Work:
         def cat(parts: list[np.ndarray]) -> np.ndarray:
@@ -208,6 +231,8 @@ class _Builder:
             records=records, batch=joined, errors=self.errors, end=batch.end, grid_end=batch.grid_end,
             segments=self.segments, src=cat(self.src), unread_prev=cat(self.unread_prev),
             read_idh=cat(self.idh), read_loc=cat(self.loc), marks=self.marks, counts=self.counts,
+            piece_marks=self.piece_marks(),
+            unread_pieces=np.concatenate(self.unread_pieces) if self.unread_pieces else np.zeros(0, np.bool_),
         )
 
 
@@ -362,8 +387,17 @@ def _carried_segments(blocks: list[Block], unread_index: UnreadIds | None) -> li
 
 
 def _add_unread(out: _Builder, seg: _Segment) -> None:
-    out.unread_rows(seg.locs, seg.prev)
-    out.counts += [(b.file, b.group, b.carried.rows, b.carried.rows) for b in seg.blocks if b.carried is not None]
+    start = out.rows
+    rows = []
+    for b in seg.blocks:
+        c = b.carried
+        assert c is not None
+        out.counts.append((b.file, b.group, c.rows, c.rows))
+        out.placed.append((b, start, c.rows, True))
+        rows.append(c.rows)
+        start += c.rows
+    pieces = np.repeat(np.asarray([b.piece for b in seg.blocks], np.bool_), rows)
+    out.unread_rows(seg.locs, seg.prev, pieces)
 
 
 def _reread_blocks(
@@ -383,6 +417,7 @@ def _reread_blocks(
                 continue
         assert c.reread is not None
         before = len(pending)
+        placed = len(out.placed)
         for again in c.reread():
             again_blocks = list(again.blocks) or [Block(block.file, block.start, 0, len(again))]
             files = _files_of(again, len(again)) if again.blocks else np.full(len(again), block.file, np.int64)
@@ -391,6 +426,11 @@ def _reread_blocks(
             out.errors.extend([*part.errors, *repeated])
             _add_read(out, part, drop)
         out.errors.extend(pending[before:])
+        parts = out.placed[placed:]  # the block's rows, read after all: placed as the block itself
+        del out.placed[placed:]
+        rows = sum(p[2] for p in parts)
+        out.placed.append((block, parts[0][1] if parts else out.rows, rows,
+                           all(p[3] for p in parts) and rows == c.rows and len(pending) == before))
 
 
 def _read_segment(
@@ -416,6 +456,7 @@ def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
     lo, hi = blocks[0].first, blocks[-1].stop
     keep = seg.valid[~drop]
     first = out.read_rows
+    start = out.rows
     kept = np.zeros(hi - lo, dtype=bool)
     kept[keep - seg.at] = True
     kept_before = np.concatenate([[0], np.cumsum(kept)])
@@ -423,6 +464,7 @@ def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
         a, b = block.first - lo, block.stop - lo
         rows = int(kept_before[b] - kept_before[a])
         out.counts.append((block.file, block.group, block.records, rows))
+        out.placed.append((block, start + int(kept_before[a]), rows, block.errors == 0 and rows == b - a))
         if block.identity is not None and block.errors == 0 and rows == b - a and rows:
             out.marks.append((first + int(kept_before[a]), block.identity, rows))
     out.read(seg.part, keep, seg.h[~drop], seg.locs[~drop])
@@ -430,42 +472,60 @@ def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
 
 def index_table(work: Work, previous_index: Callable[[np.ndarray], pa.Table] | None = None) -> pa.Table:
     """The row index (INDEX_SCHEMA) of a work item's output rows: the rows read (keys, id hashes, locations,
-    blocks read whole), and the rows carried over unread (their previous row index, `previous_index(rows)`,
-    located in this run)."""
+    blocks read whole, line identities), and the rows carried over unread (their previous row index,
+    `previous_index(rows)`, located in this run; a block read in pieces marked as this run reads it)."""
     n = len(work.read_idh)
     keys = work.keys if work.keys is not None else np.zeros(n, f"S{KEY_TYPE.byte_width}")
-    block = pa.nulls(n, KEY_TYPE)
-    block_rows = pa.nulls(n, pa.int32())
-    if work.marks:
-        at = np.asarray([m[0] for m in work.marks], np.int64)
-        block = scattered(n, at, [m[1] for m in work.marks], KEY_TYPE)
-        block_rows = scattered(n, at, [m[2] for m in work.marks], pa.int32())
+    src = work.src
+    read_marks = list(work.marks)
+    unread_marks: list[tuple[int, bytes, int]] = []
+    if work.piece_marks:
+        rank = np.cumsum(src < 0) - 1  # per output row: its place among the rows carried over unread
+        for row, ident, rows in work.piece_marks:
+            if src[row] >= 0:
+                read_marks.append((int(src[row]), ident, rows))
+            else:
+                unread_marks.append((int(rank[row]), ident, rows))
+    lines = getattr(work.batch, "lines", None) if work.batch is not None else None
+    line_ids = np.asarray(lines, np.int64) if lines else np.zeros(n, np.int64)
     read = pa.table(
         [keys_array(keys[:n]), arrow_array(np.asarray(work.read_idh, np.int64)),
-         arrow_array(np.asarray(work.read_loc, np.int64)), block,
-         block_rows],
+         arrow_array(np.asarray(work.read_loc, np.int64)), *_marks(n, read_marks),
+         scattered(n, np.nonzero(line_ids)[0], line_ids[line_ids != 0], pa.int64())],
         schema=INDEX_SCHEMA,
     )
     locs = [payload for kind, _, payload in work.segments if kind == "unread"]
     if not locs:
         return read
     assert previous_index is not None
-    src = work.src
     # one read of the previous row index for every stretch carried unread (thousands of them in a rerun
     # whose changes are spread out), not one each
-    unread = _conformed(previous_index(work.unread_prev[src < 0]).replace_schema_metadata(None))
+    unread = conform_index(previous_index(work.unread_prev[src < 0]).replace_schema_metadata(None))
     unread = unread.set_column(unread.schema.get_field_index("loc"), "loc", arrow_array(np.concatenate(locs)))
+    if unread_marks or bool(work.unread_pieces.any()):
+        # a piece's rows keep no mark of the previous output's block (that block changed); the blocks read in
+        # pieces get theirs
+        old = unread.column("block").combine_chunks()
+        old_rows = unread.column("block_rows").combine_chunks()
+        at = np.nonzero(valid_mask(old) & ~work.unread_pieces)[0]
+        kept = arrow_array(at)
+        marks = sorted([*zip(at.tolist(), old.take(kept).to_pylist(), to_numpy(old_rows.take(kept)).tolist(),
+                             strict=True), *unread_marks])
+        block, block_rows = _marks(unread.num_rows, marks)
+        unread = unread.set_column(unread.schema.get_field_index("block"), "block", block)
+        unread = unread.set_column(unread.schema.get_field_index("block_rows"), "block_rows", block_rows)
     both = pa.concat_tables([read, unread])
     position = np.where(src >= 0, src, 0)
     position[src < 0] = n + np.arange(int((src < 0).sum()))
     return both.take(arrow_array(position)).combine_chunks()
 
 
-def _conformed(index: pa.Table) -> pa.Table:
-    """A previous output's row index in INDEX_SCHEMA (a select and cast only where it differs)."""
-    if index.schema.equals(INDEX_SCHEMA, check_metadata=False):
-        return index
-    return index.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
+def _marks(n: int, marks: list[tuple[int, bytes, int]]) -> tuple[Any, Any]:
+    """The `block` and `block_rows` columns of `n` rows with `marks` (row, identity, rows)."""
+    if not marks:
+        return pa.nulls(n, KEY_TYPE), pa.nulls(n, pa.int32())
+    at = np.asarray([m[0] for m in marks], np.int64)
+    return scattered(n, at, [m[1] for m in marks], KEY_TYPE), scattered(n, at, [m[2] for m in marks], pa.int32())
 
 
 def joined(works: list[Work]) -> Any:

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SHIFT = 40  # a packed location: file index << SHIFT | line (text) or row (Parquet) number
+from embedcli.io.positions import LOC_SHIFT
+
+SHIFT = LOC_SHIFT  # a packed location: file index << SHIFT | line (text) or row (Parquet) number
 # Sorted runs stop merging at this many ids (4 MiB): memory stays 16 bytes an id with no merge of a
 # corpus-sized run (which took ~3x that for a moment); a lookup searches a run per 262k ids.
 RUN_CAP = 1 << 18

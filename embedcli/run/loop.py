@@ -110,6 +110,7 @@ class Pipeline:
         self.carry = Carry(None, list(self.source.inputs.keep_cols) if self.source else [])
         self.carry_blocks: dict[bytes, tuple[int, int]] = {}
         self.carry_units: dict[bytes, tuple[int, int, Any]] = {}
+        self.carry_lines: Callable[[Any, Any], Any] | None = None
         self.units = InputUnits()
         self.read_point: ReadPoint | None = None
         self.manifest: Any = None
@@ -203,6 +204,7 @@ class Pipeline:
         if previous is not None and previous.has_ids() and self.fingerprints is not None:
             self.carry_blocks = previous.blocks()
             self.carry_units = previous.unit_map()
+            self.carry_lines = previous.line_rows if previous.has_lines() else None
 
     # -- stdout --------------------------------------------------------------------------------------
     def _run_stdout(self) -> int:
@@ -258,7 +260,7 @@ class Pipeline:
         grid = grid_of(self.paths or [], source.inputs.fmt, chars, block) if cut else None
         run: dict[str, Any] = {
             "start": start, "cuts": grid.cuts if grid is not None else None, "fingerprints": self.fingerprints,
-            "carry_blocks": self.carry_blocks, "carry_units": self.carry_units,
+            "carry_blocks": self.carry_blocks, "carry_units": self.carry_units, "carry_lines": self.carry_lines,
         }
 
         def open_reader(on_bad: Any) -> Any:

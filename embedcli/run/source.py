@@ -60,6 +60,7 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
     il = idx.tolist()
     numbers = getattr(batch, "numbers", None)
     sources = getattr(batch, "sources", None)
+    lines = getattr(batch, "lines", None)
     return InputBatch(
         source=batch.source,
         locations=[batch.locations[i] for i in il],
@@ -70,6 +71,7 @@ def subset(batch: Any, idx: np.ndarray) -> Any:
         column_types=batch.column_types,  # the reader's types, or kept columns are re-guessed from the rows left
         id_type=id_type_of(batch),
         numbers=[numbers[i] for i in il] if numbers else None,
+        lines=[lines[i] for i in il] if lines else None,
         sources=[sources[i] for i in il] if sources else None,
     )
 
@@ -80,6 +82,7 @@ def concat_batches(batches: Sequence[Any]) -> Any:
     same = all(b.source == first.source and getattr(b, "sources", None) is None for b in batches)
     sources = None if same else [b.source_of(i) for b in batches for i in range(len(b))]
     numbers = [n for b in batches for n in (b.numbers or [0] * len(b))]
+    lines = [n for b in batches for n in (getattr(b, "lines", None) or [0] * len(b))]
     return InputBatch(
         source=first.source,
         locations=[x for b in batches for x in b.locations],
@@ -90,6 +93,7 @@ def concat_batches(batches: Sequence[Any]) -> Any:
         column_types={k: v for b in batches for k, v in b.column_types.items()},
         id_type=id_type_of(first),
         numbers=numbers,
+        lines=lines,
         sources=sources,
     )
 

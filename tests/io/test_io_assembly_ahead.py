@@ -1,5 +1,5 @@
 """The assembly's read-ahead thread and the previous output's validity bitmaps (`embedcli.io.shards._ahead`,
-`embedcli.io.previous._valid`): the same items in order, errors raised in the consumer, no thread left."""
+`embedcli.io.arrow_values.valid_mask`): the same items in order, errors raised in the consumer, no thread left."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from embedcli.io.previous import _valid
+from embedcli.io.arrow_values import valid_mask as _valid
 from embedcli.io.shards import _ahead
 
 

@@ -123,9 +123,91 @@ def test_scattered_changes_pack_like_appended_ones(tmp_path: Path) -> None:
     assert app["computed_rows"] == scattered["computed_rows"] == k
     # 40 rows in 64-row pools: one forward or two, however far apart the rows are
     assert scattered["forwards"] <= 1.2 * app["forwards"] + 1 and scattered["forwards"] <= 2
-    # the changed rows' blocks are read (and the first batch, whose rows fix a JSON input's types), the
-    # other blocks carried over unread
-    assert scattered["rows_read"] <= 16 * k + 64 and scattered["carried_unread_rows"] >= n - 16 * k - 64
+    # the changed rows are read (and the first batch, whose rows fix a JSON input's types), the other rows
+    # carried over unread: whole blocks, and the unchanged lines of a block that changed
+    assert scattered["rows_read"] <= k + 64 and scattered["carried_unread_rows"] >= n - k - 64
+
+
+def _edit(lines: list[str], kind: str) -> list[str]:
+    """JSON lines with some changed the way `kind` says, at spread-out places past the first batch."""
+    out = list(lines)
+    at = [int(x) for x in np.random.default_rng(7).choice(np.arange(100, len(lines) - 40), 12, replace=False)]
+    for j in at:
+        rec = json.loads(lines[j])
+        if kind == "edited":
+            out[j] = json.dumps({**rec, "text": rec["text"] + " edited"})
+        elif kind == "blank_or_bad":
+            out[j] = "" if j % 2 else '{"id": "broken'
+        elif kind == "repeated_id":  # a later row's id, in a block that changed too: that piece is read after all
+            out[j] = json.dumps({**rec, "id": json.loads(lines[j + 20])["id"]})
+            out[j + 21] = json.dumps({**json.loads(lines[j + 21]), "text": "edited too"})
+        elif kind == "swapped":  # the same lines at other numbers
+            out[j], out[j + 1] = lines[j + 1], lines[j]
+        elif kind == "shifted":  # every line after the first change moves
+            out[j] = lines[j] + "\n" + json.dumps({"id": f"new{j}", "text": "a line put in"})
+    return "\n".join(out).split("\n")
+
+
+@pytest.mark.parametrize("kind", ["edited", "blank_or_bad", "repeated_id", "swapped", "shifted"])
+def test_a_changed_block_carries_its_unchanged_lines_to_the_bytes_of_a_full_run(tmp_path: Path, kind: str) -> None:
+    lines = [json.dumps({"id": i, "text": t}) for i, t in rows_of(1500)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path, on_error="skip")
+    src.write_text("\n".join(_edit(lines, kind)) + "\n", encoding="utf-8")
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    again = run([src], out, tmp_path, incremental=True, previous=str(prev), on_error="skip")
+    whole = run([src], full, tmp_path, on_error="skip")
+    assert pq.read_table(out).equals(pq.read_table(full))
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{full}.embedcli-index.parquet").read_bytes()
+    assert again["skipped_rows"] == whole["skipped_rows"]
+    if kind in ("edited", "blank_or_bad"):  # only the lines that changed are read (and the first batch)
+        assert again["rows_read"] <= 64 + 12 and again["computed_rows"] == (12 if kind == "edited" else 0)
+    if kind == "repeated_id":
+        # (edits can meet); the piece holding a repeated id is read after all
+        assert again["skipped_rows"] >= 10 and again["rows_read"] <= 64 + 12 * 16
+
+
+def test_a_text_file_s_repeated_lines_are_carried_only_at_their_own_numbers(tmp_path: Path) -> None:
+    """A plain-text line's id is `file:line`: the same text at another number is another row."""
+    lines = ["the same line" if i % 5 == 0 else f"line {i} of the file" for i in range(800)]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path)
+    edited = list(lines)
+    for j in (101, 302, 603):
+        edited[j] = "the same line"
+    for j in (200, 455):
+        edited[j] = lines[j] + " edited"
+    src.write_text("\n".join(edited) + "\n", encoding="utf-8")
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    again = run([src], out, tmp_path, incremental=True, previous=str(prev))
+    run([src], full, tmp_path)
+    assert again["rows_read"] == again["computed_rows"] == 5
+    assert sorted(again["seen"]) == sorted(["the same line"] * 3 + [edited[200], edited[455]])
+    assert out.read_bytes() == full.read_bytes()
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{full}.embedcli-index.parquet").read_bytes()
+
+
+def test_a_previous_index_without_line_identities_reads_changed_blocks_whole(tmp_path: Path) -> None:
+    """An output of an embedcli before the `line` column: its changed blocks are read whole, as they were."""
+    base = rows_of(1000)
+    src = write_jsonl(tmp_path / "in.jsonl", base)
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path)
+    sidecar = Path(f"{prev}.embedcli-index.parquet")
+    old = pq.read_table(sidecar)
+    pq.write_table(old.drop_columns(["line"]).replace_schema_metadata(old.schema.metadata), sidecar)
+    write_jsonl(src, [(i, t + " edited" if j in (300, 700) else t) for j, (i, t) in enumerate(base)])
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    again = run([src], out, tmp_path, incremental=True, previous=str(prev))
+    run([src], full, tmp_path)
+    assert again["computed_rows"] == 2 and 64 + 2 < again["rows_read"] <= 64 + 2 * 16
+    assert out.read_bytes() == full.read_bytes()
+    got = pq.read_table(f"{out}.embedcli-index.parquet")
+    assert got.drop_columns(["line"]).equals(pq.read_table(f"{full}.embedcli-index.parquet").drop_columns(["line"]))
 
 
 def test_many_one_row_files_share_forwards(tmp_path: Path) -> None:
