@@ -87,6 +87,25 @@ CHUNK_BYTES = 1 << 20
 
 
 @dataclass
+class _Reread:
+    """Carried blocks read after all (the run met one of their ids earlier), each a block with its identity,
+    so those whose every record becomes a row are marked whole as a full run marks them."""
+
+    blocks: Any  # the _LineBlocks
+    parts: list[tuple[int, bytes, bytes, list[int]]]  # (first line, identity, raw lines, line ends)
+
+    def __call__(self) -> Iterator[InputBatch]:
+        reader = self.blocks
+        b = reader.fmt.builder()
+        context = reader.fmt.context() if reader.spec.identities else None
+        for first_line, ident, data, ends in self.parts:
+            b.begin(first_line, ident)
+            reader._parse(b, first_line, data, ends, line_identities(context, data, ends) if context else None)
+            b.end_block()
+        yield b.take()
+
+
+@dataclass
 class _Ahead:
     """A chunk's blocks looked up at once (`_LineBlocks.look_ahead`), under the context they were hashed in:
     first line -> (identity, (first row, rows) in the previous output or None, line identities, previous
@@ -168,8 +187,7 @@ class _LineBlocks:
                 found = spec.carry_blocks.get(ident) if spec.carry_blocks else None
                 prev = None
             if found is not None:
-                builder.carry(first_line, ident, Carried(found[0], found[1],
-                                                         reread=lambda: self.reread(first_line, data, ends)))
+                self._carry(first_line, ident, found, data, ends)
                 return
             if lines is None:
                 lines = line_identities(context, data, ends)
@@ -182,6 +200,21 @@ class _LineBlocks:
         builder.begin(first_line, ident)
         self._parse(builder, first_line, data, ends, lines)
         builder.end_block()
+
+    def _carry(self, first_line: int, ident: bytes, found: tuple[int, int], data: bytes, ends: list[int]) -> None:
+        """Carry a block over unread; right after a carried block whose previous rows it follows, as more of
+        that block (one block of many: the checks and the index take a stretch at a time anyway)."""
+        builder = self.builder
+        part = (first_line, ident, data, ends)
+        last = builder.blocks[-1] if builder.blocks and builder.block is None else None
+        c = last.carried if last is not None else None
+        if (last is not None and c is not None and isinstance(c.reread, _Reread) and not last.piece
+                and c.prev + c.rows == found[0] and self.stop is None and self.next_cut is None):
+            c.reread.parts.append(part)
+            last.carried = Carried(c.prev, c.rows + found[1], reread=c.reread)
+            builder.records += found[1]
+            return
+        builder.carry(first_line, ident, Carried(found[0], found[1], reread=_Reread(self, [part])))
 
     def _pieces(self, first_line: int, ident: bytes, data: bytes, ends: list[int], lines: np.ndarray,
                 prev: np.ndarray) -> None:
@@ -228,12 +261,9 @@ class _LineBlocks:
         b.line = 0
 
     def reread(self, first_line: int, data: bytes, ends: list[int], lines: np.ndarray | None = None) -> Iterator[InputBatch]:
-        """A carried block (or piece of one) read after all (the run met one of its ids earlier)."""
+        """A piece of a block read after all (the run met one of its ids earlier)."""
         b = self.fmt.builder()
         b.begin(first_line)
-        context = self.fmt.context() if lines is None and self.spec.identities else None
-        if context is not None:
-            lines = line_identities(context, data, ends)
         self._parse(b, first_line, data, ends, lines)
         yield b.take()
 

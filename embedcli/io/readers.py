@@ -378,15 +378,24 @@ def _after(batches: Iterator[InputBatch], skip: int) -> Iterator[InputBatch]:
 
 
 def _rows_of(batch: InputBatch, lo: int, hi: int, end: ReadPoint | None = None) -> InputBatch:
-    """Rows `[lo, hi)` of a batch read from a file whose every record is a row, as one block."""
+    """Rows `[lo, hi)` of a batch read from a file whose every record is a row, with the blocks they fill
+    (a block cut at either end keeps no identity: it is not read whole)."""
     numbers = batch.numbers[lo:hi] if batch.numbers else None
-    file = batch.blocks[0].file if batch.blocks else 0
+    blocks = []
+    for block in batch.blocks:
+        a, b = max(block.first, lo), min(block.stop, hi)
+        if a < b:
+            whole = (a, b) == (block.first, block.stop)
+            blocks.append(Block(block.file, block.start if a == block.first else (numbers[a - lo] if numbers else 0),
+                                a - lo, b - lo, identity=block.identity if whole else None, group=block.group))
+    if not blocks:
+        blocks = [Block(batch.blocks[0].file if batch.blocks else 0, numbers[0] if numbers else 0, 0, hi - lo)]
     return InputBatch(
         source=batch.source, locations=batch.locations[lo:hi], ids=batch.ids[lo:hi], texts=batch.texts[lo:hi],
         columns={c: v[lo:hi] for c, v in batch.columns.items()},
         extra_texts={c: v[lo:hi] for c, v in batch.extra_texts.items()},
         column_types=batch.column_types, id_type=batch.id_type, numbers=numbers,
-        lines=batch.lines[lo:hi] if batch.lines else None, blocks=[Block(file, numbers[0] if numbers else 0, 0, hi - lo)], end=end,
+        lines=batch.lines[lo:hi] if batch.lines else None, blocks=blocks, end=end,
     )
 
 

@@ -51,7 +51,8 @@ class Work:
     read_loc: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # per row of `batch`: packed location
     marks: list[tuple[int, bytes, int]] = field(default_factory=list)  # (row of `batch`, block identity, rows)
     # Blocks read in pieces (`Block.pieces`): (output row, block identity, rows) of those whose every record
-    # became a row; and per row carried over unread, whether it is a piece's (its old block mark not kept)
+    # became a row; and per row carried over unread, whether it is a piece's (its old block mark not kept;
+    # empty: none is)
     piece_marks: list[tuple[int, bytes, int]] = field(default_factory=list)
     unread_pieces: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
     keys: np.ndarray | None = None  # per row of `batch`: row key (set by `Carry.split`)
@@ -178,8 +179,9 @@ class _Builder:
         self.marks: list[tuple[int, bytes, int]] = []
         self.counts: list[tuple[int, int, int, int]] = []
         self.rows = 0  # output rows so far
-        self.unread_pieces: list[np.ndarray] = []
-        # per block in output order: (block, its first output row, rows, every record of it a row)
+        self.unread_pieces: list[tuple[int, np.ndarray | None]] = []  # per unread stretch: rows, which are a piece's
+        # per piece of a block read in pieces, in output order: (block, its first output row, rows, every
+        # record of it a row)
         self.placed: list[tuple[Block, int, int, bool]] = []
 
     def read(self, batch: Any, keep: np.ndarray, h: np.ndarray, locs: np.ndarray) -> None:
@@ -199,13 +201,18 @@ class _Builder:
         self.read_rows += n
         self.rows += n
 
-    def unread_rows(self, locs: np.ndarray, prev: int, pieces: np.ndarray) -> None:
+    def unread_rows(self, locs: np.ndarray, prev: int, pieces: np.ndarray | None) -> None:
         n = len(locs)
         self.src.append(np.full(n, -1, np.int64))
         self.unread_prev.append(prev + np.arange(n, dtype=np.int64))
         self.segments.append(("unread", n, locs))
-        self.unread_pieces.append(pieces)
+        self.unread_pieces.append((n, pieces))
         self.rows += n
+
+    def _unread_pieces(self) -> np.ndarray:
+        if all(p is None for _, p in self.unread_pieces):
+            return np.zeros(0, np.bool_)
+        return np.concatenate([p if p is not None else np.zeros(n, np.bool_) for n, p in self.unread_pieces])
 
     def piece_marks(self) -> list[tuple[int, bytes, int]]:
         """The marks of the blocks read in pieces whose every record became a row (see `Work.piece_marks`)."""
@@ -232,7 +239,7 @@ class _Builder:
             segments=self.segments, src=cat(self.src), unread_prev=cat(self.unread_prev),
             read_idh=cat(self.idh), read_loc=cat(self.loc), marks=self.marks, counts=self.counts,
             piece_marks=self.piece_marks(),
-            unread_pieces=np.concatenate(self.unread_pieces) if self.unread_pieces else np.zeros(0, np.bool_),
+            unread_pieces=self._unread_pieces(),
         )
 
 
@@ -387,17 +394,21 @@ def _carried_segments(blocks: list[Block], unread_index: UnreadIds | None) -> li
 
 
 def _add_unread(out: _Builder, seg: _Segment) -> None:
+    blocks = seg.blocks
+    out.counts += [(b.file, b.group, b.carried.rows, b.carried.rows) for b in blocks if b.carried is not None]
+    if not any(b.piece for b in blocks):
+        out.unread_rows(seg.locs, seg.prev, None)
+        return
     start = out.rows
     rows = []
-    for b in seg.blocks:
+    for b in blocks:
         c = b.carried
         assert c is not None
-        out.counts.append((b.file, b.group, c.rows, c.rows))
-        out.placed.append((b, start, c.rows, True))
+        if b.piece:
+            out.placed.append((b, start, c.rows, True))
         rows.append(c.rows)
         start += c.rows
-    pieces = np.repeat(np.asarray([b.piece for b in seg.blocks], np.bool_), rows)
-    out.unread_rows(seg.locs, seg.prev, pieces)
+    out.unread_rows(seg.locs, seg.prev, np.repeat(np.asarray([b.piece for b in blocks], np.bool_), rows))
 
 
 def _reread_blocks(
@@ -416,8 +427,7 @@ def _reread_blocks(
                 _add_unread(out, one)
                 continue
         assert c.reread is not None
-        before = len(pending)
-        placed = len(out.placed)
+        before, start, errors = len(pending), out.rows, len(out.errors)
         for again in c.reread():
             again_blocks = list(again.blocks) or [Block(block.file, block.start, 0, len(again))]
             files = _files_of(again, len(again)) if again.blocks else np.full(len(again), block.file, np.int64)
@@ -426,11 +436,8 @@ def _reread_blocks(
             out.errors.extend([*part.errors, *repeated])
             _add_read(out, part, drop)
         out.errors.extend(pending[before:])
-        parts = out.placed[placed:]  # the block's rows, read after all: placed as the block itself
-        del out.placed[placed:]
-        rows = sum(p[2] for p in parts)
-        out.placed.append((block, parts[0][1] if parts else out.rows, rows,
-                           all(p[3] for p in parts) and rows == c.rows and len(pending) == before))
+        if block.piece:  # a piece read after all: whole if each of its rows is one still
+            out.placed.append((block, start, out.rows - start, out.rows - start == c.rows and len(out.errors) == errors))
 
 
 def _read_segment(
@@ -464,7 +471,8 @@ def _add_read(out: _Builder, seg: _Segment, drop: np.ndarray) -> None:
         a, b = block.first - lo, block.stop - lo
         rows = int(kept_before[b] - kept_before[a])
         out.counts.append((block.file, block.group, block.records, rows))
-        out.placed.append((block, start + int(kept_before[a]), rows, block.errors == 0 and rows == b - a))
+        if block.piece:
+            out.placed.append((block, start + int(kept_before[a]), rows, block.errors == 0 and rows == b - a))
         if block.identity is not None and block.errors == 0 and rows == b - a and rows:
             out.marks.append((first + int(kept_before[a]), block.identity, rows))
     out.read(seg.part, keep, seg.h[~drop], seg.locs[~drop])
@@ -507,7 +515,8 @@ def index_table(work: Work, previous_index: Callable[[np.ndarray], pa.Table] | N
         # pieces get theirs
         old = unread.column("block").combine_chunks()
         old_rows = unread.column("block_rows").combine_chunks()
-        at = np.nonzero(valid_mask(old) & ~work.unread_pieces)[0]
+        pieces = work.unread_pieces if len(work.unread_pieces) == len(old) else np.zeros(len(old), np.bool_)
+        at = np.nonzero(valid_mask(old) & ~pieces)[0]
         kept = arrow_array(at)
         marks = sorted([*zip(at.tolist(), old.take(kept).to_pylist(), to_numpy(old_rows.take(kept)).tolist(),
                              strict=True), *unread_marks])

@@ -296,6 +296,11 @@ def test_a_carried_block_whose_id_was_seen_is_read_and_the_repeat_reported(tmp_p
     assert [(r["id"], r["file"].endswith("b.jsonl"), r["location"]) for r in bad] == [("b5", True, "line 6")]
     ids = pq.read_table(out).column("id").to_pylist()
     assert ids.count("b5") == 1 and ids.index("b5") == 100
+    # the blocks read after all are marked in the row index as a full run marks them
+    full = tmp_path / "full.parquet"
+    run([a, b], full, tmp_path, on_error="skip")
+    assert out.read_bytes() == full.read_bytes()
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{full}.embedcli-index.parquet").read_bytes()
 
 
 def test_merge_of_a_previous_incremental_carries_everything_over(tmp_path: Path) -> None:
