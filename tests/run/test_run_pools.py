@@ -141,6 +141,8 @@ def _edit(lines: list[str], kind: str) -> list[str]:
         elif kind == "repeated_id":  # a later row's id, in a block that changed too: that piece is read after all
             out[j] = json.dumps({**rec, "id": json.loads(lines[j + 20])["id"]})
             out[j + 21] = json.dumps({**json.loads(lines[j + 21]), "text": "edited too"})
+        elif kind == "repeated_id_ahead":  # a later row's id, in a stretch of blocks carried over unread
+            out[j] = json.dumps({**rec, "id": json.loads(lines[j + 35])["id"]})
         elif kind == "swapped":  # the same lines at other numbers
             out[j], out[j + 1] = lines[j + 1], lines[j]
         elif kind == "shifted":  # every line after the first change moves
@@ -148,7 +150,7 @@ def _edit(lines: list[str], kind: str) -> list[str]:
     return "\n".join(out).split("\n")
 
 
-@pytest.mark.parametrize("kind", ["edited", "blank_or_bad", "repeated_id", "swapped", "shifted"])
+@pytest.mark.parametrize("kind", ["edited", "blank_or_bad", "repeated_id", "repeated_id_ahead", "swapped", "shifted"])
 def test_a_changed_block_carries_its_unchanged_lines_to_the_bytes_of_a_full_run(tmp_path: Path, kind: str) -> None:
     lines = [json.dumps({"id": i, "text": t}) for i, t in rows_of(1500)]
     src = tmp_path / "in.jsonl"
