@@ -635,7 +635,9 @@ def output_schema(root: str, manifest: Manifest, empty_schema: pa.Schema, previo
     if files:
         return pq.read_schema(arrow_source(files[0])).remove_metadata()
     if previous is not None and any(s.refs for s in manifest.shards):
-        return conformed_schema(previous.schema)
+        # as the shards' schema reads back (Parquet names list children `element`): the bytes of a run that
+        # computed rows
+        return previous.schema.remove_metadata()
     return empty_schema.remove_metadata()
 
 
