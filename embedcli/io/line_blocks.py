@@ -92,13 +92,16 @@ class _Reread:
     so those whose every record becomes a row are marked whole as a full run marks them."""
 
     blocks: Any  # the _LineBlocks
-    parts: list[tuple[int, bytes, bytes, list[int]]]  # (first line, identity, raw lines, line ends)
+    # (first line, identity, a chunk of the file, its line ends, the block's first byte, first and last line
+    # + 1 of those ends): the block is chunk[start : ends[last - 1]]
+    parts: list[tuple[int, bytes, bytes, list[int], int, int, int]]
 
     def __call__(self) -> Iterator[InputBatch]:
         reader = self.blocks
         b = reader.fmt.builder()
         context = reader.fmt.context() if reader.spec.identities else None
-        for first_line, ident, data, ends in self.parts:
+        for first_line, ident, chunk, chunk_ends, start, first, last in self.parts:
+            data, ends = chunk[start : chunk_ends[last - 1]], [x - start for x in chunk_ends[first:last]]
             b.begin(first_line, ident)
             reader._parse(b, first_line, data, ends, line_identities(context, data, ends) if context else None)
             b.end_block()
@@ -187,7 +190,7 @@ class _LineBlocks:
                 found = spec.carry_blocks.get(ident) if spec.carry_blocks else None
                 prev = None
             if found is not None:
-                self._carry(first_line, ident, found, data, ends)
+                self._carry(ident, found[0], found[1], [(first_line, ident, data, ends, 0, 0, len(ends))])
                 return
             if lines is None:
                 lines = line_identities(context, data, ends)
@@ -201,20 +204,43 @@ class _LineBlocks:
         self._parse(builder, first_line, data, ends, lines)
         builder.end_block()
 
-    def _carry(self, first_line: int, ident: bytes, found: tuple[int, int], data: bytes, ends: list[int]) -> None:
-        """Carry a block over unread; right after a carried block whose previous rows it follows, as more of
-        that block (one block of many: the checks and the index take a stretch at a time anyway)."""
+    def _carry(self, ident: bytes, prev: int, rows: int, parts: list[tuple[int, bytes, bytes, list[int], int, int, int]]
+               ) -> None:
+        """Carry blocks over unread (their previous rows `prev`, `rows` of them, one after the other); right after
+        a carried block whose previous rows they follow, as more of that block (one block of many: the checks
+        and the index take a stretch at a time anyway)."""
         builder = self.builder
-        part = (first_line, ident, data, ends)
         last = builder.blocks[-1] if builder.blocks and builder.block is None else None
         c = last.carried if last is not None else None
         if (last is not None and c is not None and isinstance(c.reread, _Reread) and not last.piece
-                and c.prev + c.rows == found[0] and self.stop is None and self.next_cut is None):
-            c.reread.parts.append(part)
-            last.carried = Carried(c.prev, c.rows + found[1], reread=c.reread)
-            builder.records += found[1]
+                and c.prev + c.rows == prev and self.stop is None and self.next_cut is None):
+            c.reread.parts.extend(parts)
+            last.carried = Carried(c.prev, c.rows + rows, reread=c.reread)
+            builder.records += rows
             return
-        builder.carry(first_line, ident, Carried(found[0], found[1], reread=_Reread(self, [part])))
+        builder.carry(parts[0][0], ident, Carried(prev, rows, reread=_Reread(self, parts)))
+
+    def carried_run(self, ahead: _Ahead | None, spans: list[tuple[int, int, int, int]], p: int) -> int:
+        """The end of the run of a chunk's blocks from `spans[p]` that the previous output has, at consecutive
+        rows, and that the batch in hand takes whole (its records stay under `batch_records` before each):
+        carried as one, with no block-by-block pass (`p`: none)."""
+        if ahead is None or self.stop is not None or self.next_cut is not None:
+            return p
+        context = self.fmt.context() if self.spec.identities else None
+        if context is None or context != ahead.context:
+            return p
+        blocks = ahead.blocks
+        budget = self.spec.batch_records - self.builder.records
+        q, expect = p, -1
+        while q < len(spans):
+            known = blocks.get(spans[q][0])
+            found = known[1] if known is not None else None
+            if found is None or (q > p and (found[0] != expect or budget <= 0)):
+                break
+            expect = found[0] + found[1]
+            budget -= found[1]
+            q += 1
+        return q
 
     def _pieces(self, first_line: int, ident: bytes, data: bytes, ends: list[int], lines: np.ndarray,
                 prev: np.ndarray) -> None:
@@ -318,7 +344,9 @@ class _LineBlocks:
                     spans.append((first_line, s, i, j))
                     i = j
                 ahead = self.look_ahead(data, ends, spans, pos == 0) if self.spec.carry_lines is not None else None
-                for first_line, s, a, b in spans:
+                p = 0
+                while p < len(spans):
+                    first_line, s, a, b = spans[p]
                     if not first:
                         for batch in self.boundary(pos + s, first_line):
                             if batch is None:
@@ -327,7 +355,19 @@ class _LineBlocks:
                     first = False
                     if pos + s == 0 and data.startswith(BOM):
                         s += len(BOM)
+                    q = self.carried_run(ahead, spans, p)
+                    if q > p:  # a run of unchanged blocks: carried as one, boundaries inside it changing nothing
+                        assert ahead is not None
+                        run = [(f, ahead.blocks[f][0], data, ends, s if k == 0 else s_, a_, b_)
+                               for k, (f, s_, a_, b_) in enumerate(spans[p:q])]
+                        first_found = ahead.blocks[first_line][1]
+                        assert first_found is not None
+                        rows = sum(found[1] for f, *_ in spans[p:q] if (found := ahead.blocks[f][1]) is not None)
+                        self._carry(run[0][1], first_found[0], rows, run)
+                        p = q
+                        continue
                     self.flush(first_line, data[s : ends[b - 1]], [x - s for x in ends[a:b]], ahead)
+                    p += 1
                 used = ends[i - 1] if i else 0
                 data = data[used:]
                 pos += used
