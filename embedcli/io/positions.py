@@ -8,7 +8,9 @@ batch of the run loop is a whole number of blocks, and so are the run's commits.
 became rows is written to the output's row index with its **identity**: a BLAKE2b of its raw content and
 its context (file format, default-id prefix, id field, reader types, first line/row). A later run that
 meets a block of the same identity knows, before reading its text, that it gives the same rows, and
-carries them over from the previous output.
+carries them over from the previous output. Each row of a text input also has its **line identity** (a
+BLAKE2b-64 of its raw line under the same context): in a block that changed, a line of the same identity at
+the same line number gives the same row, and is carried over alone.
 
 A `ReadPoint` is a position between two blocks: the file (its index in the run's inputs), the byte offset
 of the next line (text; in the decompressed stream) or the next row (Parquet), the lines read before it,
