@@ -212,6 +212,24 @@ def test_a_previous_index_without_line_identities_reads_changed_blocks_whole(tmp
     assert got.drop_columns(["line"]).equals(pq.read_table(f"{full}.embedcli-index.parquet").drop_columns(["line"]))
 
 
+def test_a_shard_directory_with_an_older_shard_index_carries_lines_where_it_can(tmp_path: Path) -> None:
+    """A shard directory resumed across versions can hold a shard whose row index has no `line` column: its
+    changed blocks are read whole, the other shards' lines are carried, the rows are those of a full run."""
+    base = rows_of(1200)
+    src = write_jsonl(tmp_path / "in.jsonl", base)
+    prev = tmp_path / "prev"
+    run([src], prev, tmp_path, shard_rows=400, shards_dir=True)
+    indexes = sorted((prev / "_embedcli").glob("index-*.parquet"))
+    assert len(indexes) == 3
+    old = pq.read_table(indexes[1])
+    pq.write_table(old.drop_columns(["line"]).replace_schema_metadata(old.schema.metadata), indexes[1])
+    write_jsonl(src, [(i, t + " edited" if j in (500, 1000) else t) for j, (i, t) in enumerate(base)])
+    again = run([src], tmp_path / "out.parquet", tmp_path, incremental=True, previous=str(prev))
+    run([src], tmp_path / "full.parquet", tmp_path)
+    assert again["computed_rows"] == 2 and 64 + 2 + 15 <= again["rows_read"] <= 64 + 2 + 16
+    assert pq.read_table(tmp_path / "out.parquet").equals(pq.read_table(tmp_path / "full.parquet"))
+
+
 def test_many_one_row_files_share_forwards(tmp_path: Path) -> None:
     folder = tmp_path / "many"
     folder.mkdir()
