@@ -718,9 +718,10 @@ def write_index_sidecar(
         with pq.ParquetWriter(file, schema, compression="zstd", use_dictionary=False, write_statistics=False) as writer:
             # Fixed row groups, not one per shard: where commits landed (a stop, --commit-every) must not
             # show in the bytes, so a resumed run's sidecar is the uninterrupted run's.
-            for table in rechunk(tables, schema.remove_metadata(), INDEX_ROW_GROUP_ROWS):
-                # A cast only where needed: Table.cast imports pyarrow.compute (~50 ms of a short run's start).
-                writer.write_table(conform_index(table, schema.remove_metadata()))
+            plain = schema.remove_metadata()
+            # each shard's index conformed first: a resume across versions may find older shards (no `line`)
+            for table in rechunk((conform_index(t, plain) for t in tables), plain, INDEX_ROW_GROUP_ROWS):
+                writer.write_table(table)
         close_synced(file)
     except BaseException:
         file.close()

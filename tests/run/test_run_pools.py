@@ -269,6 +269,27 @@ def test_a_resume_reads_no_committed_row_and_ends_byte_equal(tmp_path: Path, die
     assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{whole}.embedcli-index.parquet").read_bytes()
 
 
+def test_a_resume_over_shards_of_an_older_index_assembles_with_the_new_column_null(tmp_path: Path) -> None:
+    """Shards committed by an embedcli before the `line` column, resumed by this one: the sidecar has it, null
+    for their rows; the output is the uninterrupted run's."""
+    src = write_jsonl(tmp_path / "in.jsonl", rows_of(1000))
+    whole = tmp_path / "whole.parquet"
+    run([src], whole, tmp_path, shard_rows=50)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=5), shard_rows=50)
+    staged = sorted(Path(staging_dir(str(out))).rglob("index-*.parquet"))
+    assert staged
+    for path in staged:
+        old = pq.read_table(path)
+        pq.write_table(old.drop_columns(["line"]), path)
+    run([src], out, tmp_path, shard_rows=50)
+    assert out.read_bytes() == whole.read_bytes()
+    got, want = pq.read_table(f"{out}.embedcli-index.parquet"), pq.read_table(f"{whole}.embedcli-index.parquet")
+    assert got.drop_columns(["line"]).equals(want.drop_columns(["line"]))
+    assert got.column("line").null_count >= len(staged) * 50 - 64
+
+
 def test_a_resume_still_finds_an_id_repeated_from_a_committed_row(tmp_path: Path) -> None:
     rows = [*rows_of(500), ("r3", "a repeat of an id committed before the stop")]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
