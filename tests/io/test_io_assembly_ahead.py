@@ -101,3 +101,4 @@ def test_a_failed_assembly_keeps_the_old_output_and_leaves_no_temp_file(
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert after == before
     assert not [t for t in threading.enumerate() if t.name.startswith("embedcli-index")]
+
