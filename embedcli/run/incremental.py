@@ -216,8 +216,9 @@ class Carry:
             return None
         table = None
         if tables:
+            first = tables[0].schema  # a select and cast only where a table differs (a pool of 10,000 one-row files)
             table = tables[0] if len(tables) == 1 else pa.concat_tables(
-                [t.select(tables[0].column_names).cast(tables[0].schema) for t in tables])
+                [t if t.schema.equals(first) else t.select(first.names).cast(first) for t in tables])
         all_refs = np.concatenate(refs)
         return RowsOut(table, all_refs if bool((all_refs >= 0).any()) else None, pa.concat_tables(index))
 

@@ -58,6 +58,32 @@ def _same(a: str, b: str) -> bool:
         return False
 
 
+class _Named:
+    """A path with its file's device and inode and its resolved name, each found once (a glob of 10,000
+    inputs resolved the output's name again for each)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._real: str | None = None
+        try:
+            st = os.stat(path)
+            self.key: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            self.key = None
+
+    @property
+    def real(self) -> str:
+        if self._real is None:
+            self._real = os.path.realpath(self.path)
+        return self._real
+
+    def same(self, other: _Named) -> bool:
+        """`_same`: where both files are there, one inode (names resolving alike are one file too)."""
+        if self.key is not None and other.key is not None:
+            return self.key == other.key
+        return self.real == other.real
+
+
 def _inside(path: str, directory: str) -> bool:
     real, top = os.path.realpath(path), os.path.realpath(directory)
     return real.startswith(top.rstrip(os.sep) + os.sep)
@@ -71,12 +97,14 @@ def check_no_clobber(
     Compared by resolved name and by device and inode, so symlinks and hard links are caught; a directory
     of shards may not hold an input either.
     """
-    files = _inputs(inputs)
+    files = [_Named(src) for src in _inputs(inputs)]
     written = [("-o", output)] if output != STDIN else []
     written += [(flag, path) for flag, path in writes if path and path != STDIN]
     for i, (flag, path) in enumerate(written):
-        for src in files:
-            if _same(path, src) or (flag == "-o" and output_is_dir and _inside(src, path)):
+        target = _Named(path)
+        for named in files:
+            src = named.path
+            if target.same(named) or (flag == "-o" and output_is_dir and _inside(src, path)):
                 raise UsageError(
                     f"{flag} {path} is the input {src}: writing it would destroy the input; choose another {flag}"
                 )
