@@ -78,9 +78,12 @@ class _Named:
         return self._real
 
     def same(self, other: _Named) -> bool:
-        """`_same`: where both files are there, one inode (names resolving alike are one file too)."""
+        """`_same`: where both files are there, one inode (names resolving alike are one file too); where one
+        is there and the other not, two files (one resolved name is there or not for both)."""
         if self.key is not None and other.key is not None:
             return self.key == other.key
+        if (self.key is None) != (other.key is None):
+            return False
         return self.real == other.real
 
 

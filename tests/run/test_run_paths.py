@@ -46,6 +46,30 @@ def test_a_written_path_that_is_an_input_is_refused_before_any_work(tmp_path: Pa
     assert not (tmp_path / "out.parquet").exists()
 
 
+@pytest.mark.parametrize("kind", ["absent", "dangling", "other", "symlink", "symlinked_dir"])
+def test_the_output_is_compared_with_every_input_by_inode_or_resolved_name(tmp_path: Path, kind: str) -> None:
+    """`check_no_clobber` over many inputs: an output that is not there yet (or a dangling link) is no input;
+    one that is there is an input exactly when it is one of the inputs' files, through whatever links."""
+    from embedcli.run.paths import check_no_clobber
+
+    inputs = [write_rows(tmp_path / f"in{i}.jsonl", ROWS) for i in range(5)]
+    out = tmp_path / "out.parquet"
+    if kind == "dangling":
+        out.symlink_to(tmp_path / "nowhere.parquet")
+    elif kind == "other":
+        out.write_bytes(b"x")
+    elif kind == "symlink":
+        out.symlink_to(inputs[3])
+    elif kind == "symlinked_dir":
+        (tmp_path / "alias").symlink_to(tmp_path)
+        out = tmp_path / "alias" / "in4.jsonl"
+    if kind in ("symlink", "symlinked_dir"):
+        with pytest.raises(UsageError, match="is the input"):
+            check_no_clobber([str(p) for p in inputs], str(out))
+    else:
+        check_no_clobber([str(p) for p in inputs], str(out))
+
+
 def test_stats_or_errors_file_that_is_the_output_is_refused(tmp_path: Path) -> None:
     src = write_rows(tmp_path / "in.jsonl", ROWS)
     out = tmp_path / "out.parquet"
