@@ -26,16 +26,24 @@ from embedcli.io.manifest import (
     output_metadata,
 )
 from embedcli.io.positions import LOC_SHIFT
-from embedcli.io.shards import INDEX_COLUMNS, INDEX_SCHEMA, KEY_WIDTH, keys_numpy
+from embedcli.io.shards import INDEX_COLUMNS, INDEX_SCHEMA, KEY_WIDTH, conform_index, keys_numpy
 from embedcli.io.units import KEY_UNITS, InputUnits
+
+
+def _index_group(pf: pq.ParquetFile, g: int, columns: Sequence[str]) -> pa.Table:
+    """`columns` of row group `g` of a row index file; a column an index shard of an older embedcli lacks
+    (`line`, left by a resume across versions) is null."""
+    names = pf.schema_arrow.names
+    return conform_index(pf.read_row_group(g, columns=[c for c in columns if c in names]),
+                         pa.schema([INDEX_SCHEMA.field(c) for c in columns]))
 
 
 class _Segments:
     """Rows of a sequence of Parquet files read by global row, a row group at a time (a small cache)."""
 
-    def __init__(self, files: Sequence[str], fill: pa.Schema | None = None) -> None:
+    def __init__(self, files: Sequence[str], index: bool = False) -> None:
         self.files = list(files)
-        self.fill = fill  # the types of columns a file may lack (read as nulls)
+        self.is_index = index  # row index files (`_index_group`)
         self.groups: list[tuple[int, int]] = []  # (file index, row group)
         counts = []
         self._open: dict[int, pq.ParquetFile] = {}
@@ -58,13 +66,7 @@ class _Segments:
         pf = self._open.get(i)
         if pf is None:
             pf = self._open[i] = pq.ParquetFile(arrow_source(self.files[i]))
-        names = pf.schema_arrow.names
-        if self.fill is None or all(c in names for c in columns):
-            table = pf.read_row_group(g, columns=list(columns))
-        else:  # an index shard of an older embedcli (a resume across versions): its missing columns null
-            n = pf.metadata.row_group(g).num_rows
-            got = pf.read_row_group(g, columns=[c for c in columns if c in names])
-            table = pa.table({c: got.column(c) if c in names else pa.nulls(n, self.fill.field(c).type) for c in columns})
+        table = _index_group(pf, g, columns) if self.is_index else pf.read_row_group(g, columns=list(columns))
         self._cache[key] = table
         if len(self._cache) > 4:
             self._cache.popitem(last=False)
@@ -139,7 +141,7 @@ class PreviousOutput:
         keys = None
         if index_files:
             try:
-                self.index = _Segments(index_files, INDEX_SCHEMA)
+                self.index = _Segments(index_files, index=True)
                 keys = self._keys()
             except (pa.ArrowException, OSError, KeyError):
                 self.index, keys = None, None
@@ -159,19 +161,11 @@ class PreviousOutput:
         assert self.index is not None
         for f in self.index.files:
             with pq.ParquetFile(arrow_source(f)) as pf:
-                missing = [c for c in columns if c not in pf.schema_arrow.names]
-                if not missing:
+                if all(c in pf.schema_arrow.names for c in columns):
                     yield from pf.iter_batches(batch_size=1 << 16, columns=columns)
-                    continue
-                # a shard of an older embedcli (a resume across versions) has no `line` column: nulls
-                types = {c: INDEX_SCHEMA.field(c).type for c in missing}
-                present = [c for c in columns if c not in missing]
-                for g in range(pf.metadata.num_row_groups):
-                    n = pf.metadata.row_group(g).num_rows
-                    got = pf.read_row_group(g, columns=present) if present else None
-                    arrays = [got.column(c).combine_chunks() if got is not None and c not in types
-                              else pa.nulls(n, types[c]) for c in columns]
-                    yield pa.RecordBatch.from_arrays(arrays, names=columns)
+                else:
+                    for g in range(pf.metadata.num_row_groups):
+                        yield from _index_group(pf, g, columns).combine_chunks().to_batches()
 
     def _keys(self) -> np.ndarray:
         """Every row key, in row order (`S16`)."""
