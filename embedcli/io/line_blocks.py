@@ -3,7 +3,6 @@ blocks are carried over unread, and where reading stands after each batch (see `
 
 from __future__ import annotations
 
-import functools
 import lzma
 import zlib
 from collections.abc import Callable, Iterator
@@ -88,13 +87,13 @@ CHUNK_BYTES = 1 << 20
 
 @dataclass
 class _Reread:
-    """Carried blocks read after all (the run met one of their ids earlier), each a block with its identity,
-    so those whose every record becomes a row are marked whole as a full run marks them."""
+    """Carried blocks (or a piece of one) read after all (the run met one of their ids earlier), each a block
+    with its identity, so those whose every record becomes a row are marked whole as a full run marks them."""
 
     blocks: Any  # the _LineBlocks
-    # (first line, identity, a chunk of the file, its line ends, the block's first byte, first and last line
-    # + 1 of those ends): the block is chunk[start : ends[last - 1]]
-    parts: list[tuple[int, bytes, bytes, list[int], int, int, int]]
+    # (first line, identity (None: a piece), a chunk of the file, its line ends, the block's first byte, first
+    # and last line + 1 of those ends): the block is chunk[start : ends[last - 1]]
+    parts: list[tuple[int, bytes | None, bytes, list[int], int, int, int]]
 
     def __call__(self) -> Iterator[InputBatch]:
         reader = self.blocks
@@ -204,8 +203,8 @@ class _LineBlocks:
         self._parse(builder, first_line, data, ends, lines)
         builder.end_block()
 
-    def _carry(self, ident: bytes, prev: int, rows: int, parts: list[tuple[int, bytes, bytes, list[int], int, int, int]]
-               ) -> None:
+    def _carry(self, ident: bytes, prev: int, rows: int,
+               parts: list[tuple[int, bytes | None, bytes, list[int], int, int, int]]) -> None:
         """Carry blocks over unread (their previous rows `prev`, `rows` of them, one after the other); right after
         a carried block whose previous rows they follow, as more of that block (one block of many: the checks
         and the index take a stretch at a time anyway)."""
@@ -220,27 +219,30 @@ class _LineBlocks:
             return
         builder.carry(parts[0][0], ident, Carried(prev, rows, reread=_Reread(self, parts)))
 
-    def carried_run(self, ahead: _Ahead | None, spans: list[tuple[int, int, int, int]], p: int) -> int:
-        """The end of the run of a chunk's blocks from `spans[p]` that the previous output has, at consecutive
-        rows, and that the batch in hand takes whole (its records stay under `batch_records` before each):
-        carried as one, with no block-by-block pass (`p`: none)."""
+    def carried_run(self, ahead: _Ahead | None, spans: list[tuple[int, int, int, int]], p: int
+                    ) -> tuple[int, int, int]:
+        """The run of a chunk's blocks from `spans[p]` that the previous output has, at consecutive rows, and
+        that the batch in hand takes whole (its records stay under `batch_records` before each): carried as one,
+        with no block-by-block pass. (its end, its first previous row, its rows); the end is `p`: none."""
         if ahead is None or self.stop is not None or self.next_cut is not None:
-            return p
+            return p, -1, 0
         context = self.fmt.context() if self.spec.identities else None
         if context is None or context != ahead.context:
-            return p
+            return p, -1, 0
         blocks = ahead.blocks
         budget = self.spec.batch_records - self.builder.records
-        q, expect = p, -1
+        q, first, expect = p, -1, -1
         while q < len(spans):
             known = blocks.get(spans[q][0])
             found = known[1] if known is not None else None
             if found is None or (q > p and (found[0] != expect or budget <= 0)):
                 break
+            if q == p:
+                first = found[0]
             expect = found[0] + found[1]
             budget -= found[1]
             q += 1
-        return q
+        return q, first, expect - first if q > p else 0
 
     def _pieces(self, first_line: int, ident: bytes, data: bytes, ends: list[int], lines: np.ndarray,
                 prev: np.ndarray) -> None:
@@ -256,11 +258,9 @@ class _LineBlocks:
             if rows[k] >= 0:
                 while m < n and rows[m] == rows[m - 1] + 1:
                     m += 1
-                lo, hi = ends[k - 1] if k else 0, ends[m - 1]
-                piece_ends = [e - lo for e in ends[k:m]]
+                lo = ends[k - 1] if k else 0
                 builder.carry(first_line + k, None, Carried(
-                    rows[k], m - k, reread=functools.partial(self.reread, first_line + k, data[lo:hi], piece_ends,
-                                                              lines[k:m])))
+                    rows[k], m - k, reread=_Reread(self, [(first_line + k, None, data, ends, lo, k, m)])))
             else:
                 while m < n and rows[m] < 0:
                     m += 1
@@ -285,13 +285,6 @@ class _LineBlocks:
             self.fmt.parse(b, first_line + k, data[at:end])
             at = end
         b.line = 0
-
-    def reread(self, first_line: int, data: bytes, ends: list[int], lines: np.ndarray | None = None) -> Iterator[InputBatch]:
-        """A piece of a block read after all (the run met one of its ids earlier)."""
-        b = self.fmt.builder()
-        b.begin(first_line)
-        self._parse(b, first_line, data, ends, lines)
-        yield b.take()
 
     def boundary(self, before: int, line: int) -> Iterator[InputBatch | None]:
         """Before a block at byte `before`, line `line`: the batch that ends here, if any; None: stop here."""
@@ -355,15 +348,13 @@ class _LineBlocks:
                     first = False
                     if pos + s == 0 and data.startswith(BOM):
                         s += len(BOM)
-                    q = self.carried_run(ahead, spans, p)
+                    q, prev, rows = self.carried_run(ahead, spans, p)
                     if q > p:  # a run of unchanged blocks: carried as one, boundaries inside it changing nothing
                         assert ahead is not None
-                        run = [(f, ahead.blocks[f][0], data, ends, s if k == 0 else s_, a_, b_)
-                               for k, (f, s_, a_, b_) in enumerate(spans[p:q])]
-                        first_found = ahead.blocks[first_line][1]
-                        assert first_found is not None
-                        rows = sum(found[1] for f, *_ in spans[p:q] if (found := ahead.blocks[f][1]) is not None)
-                        self._carry(run[0][1], first_found[0], rows, run)
+                        run: list[tuple[int, bytes | None, bytes, list[int], int, int, int]] = [
+                            (f, ahead.blocks[f][0], data, ends, s if k == 0 else s_, a_, b_)
+                            for k, (f, s_, a_, b_) in enumerate(spans[p:q])]
+                        self._carry(ahead.blocks[first_line][0], prev, rows, run)
                         p = q
                         continue
                     self.flush(first_line, data[s : ends[b - 1]], [x - s for x in ends[a:b]], ahead)
