@@ -48,16 +48,6 @@ def _inputs(patterns: Sequence[str]) -> list[str]:
     return out
 
 
-def _same(a: str, b: str) -> bool:
-    """Whether paths `a` and `b` name one file: the same resolved name, or the same inode (a hard link)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 class _Named:
     """A path with its file's device and inode and its resolved name, each found once (a glob of 10,000
     inputs resolved the output's name again for each)."""
@@ -78,8 +68,9 @@ class _Named:
         return self._real
 
     def same(self, other: _Named) -> bool:
-        """`_same`: where both files are there, one inode (names resolving alike are one file too); where one
-        is there and the other not, two files (one resolved name is there or not for both)."""
+        """Whether both name one file: where both files are there, one inode (a hard link; names resolving
+        alike are one file too); where one is there and the other not, two files (one resolved name is there
+        or not for both); else the same resolved name."""
         if self.key is not None and other.key is not None:
             return self.key == other.key
         if (self.key is None) != (other.key is None):
@@ -87,9 +78,9 @@ class _Named:
         return self.real == other.real
 
 
-def _inside(path: str, directory: str) -> bool:
-    real, top = os.path.realpath(path), os.path.realpath(directory)
-    return real.startswith(top.rstrip(os.sep) + os.sep)
+    def inside(self, directory: _Named) -> bool:
+        """Whether it resolves to a path below `directory`."""
+        return self.real.startswith(directory.real.rstrip(os.sep) + os.sep)
 
 
 def check_no_clobber(
@@ -103,16 +94,16 @@ def check_no_clobber(
     files = [_Named(src) for src in _inputs(inputs)]
     written = [("-o", output)] if output != STDIN else []
     written += [(flag, path) for flag, path in writes if path and path != STDIN]
+    targets = [_Named(path) for _, path in written]
     for i, (flag, path) in enumerate(written):
-        target = _Named(path)
-        for named in files:
-            src = named.path
-            if target.same(named) or (flag == "-o" and output_is_dir and _inside(src, path)):
+        target = targets[i]
+        for src in files:
+            if target.same(src) or (flag == "-o" and output_is_dir and src.inside(target)):
                 raise UsageError(
-                    f"{flag} {path} is the input {src}: writing it would destroy the input; choose another {flag}"
+                    f"{flag} {path} is the input {src.path}: writing it would destroy the input; choose another {flag}"
                 )
-        for other_flag, other in written[:i]:
-            if _same(path, other) or (other_flag == "-o" and output_is_dir and _inside(path, other)):
+        for (other_flag, other), named in zip(written[:i], targets[:i], strict=True):
+            if target.same(named) or (other_flag == "-o" and output_is_dir and target.inside(named)):
                 raise UsageError(f"{flag} {path} is also {other_flag} {other}: give each its own path")
 
 
