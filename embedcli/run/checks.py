@@ -20,10 +20,10 @@ import pyarrow as pa
 
 from embedcli.errors import InputError, TooManyErrors, display_path
 from embedcli.io.arrow_values import arrow_array, scattered, to_numpy, valid_mask
-from embedcli.io.positions import Block, ReadPoint
+from embedcli.io.positions import LOC_SHIFT, Block, ReadPoint
 from embedcli.io.shards import INDEX_SCHEMA, KEY_TYPE, conform_index, keys_array
 from embedcli.run.flags import RunFlags
-from embedcli.run.ids import SHIFT, IdSet, id_hashes, pack_locations
+from embedcli.run.ids import IdSet, id_hashes, pack_locations
 from embedcli.run.source import concat_batches, null_text_error, slice_batch, subset
 
 UnreadIds = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
@@ -366,7 +366,7 @@ def _check_batch(
 
 def _unread(ids: tuple[np.ndarray, np.ndarray], prev: int, file: int, blocks: list[Block]) -> _Segment:
     h, loc = ids
-    loc = (loc & ((1 << SHIFT) - 1)) | (np.int64(file) << SHIFT)  # where this run read it
+    loc = (loc & ((1 << LOC_SHIFT) - 1)) | (np.int64(file) << LOC_SHIFT)  # where this run read it
     return _Segment(blocks=blocks, h=h, locs=loc, unread=True, prev=prev)
 
 

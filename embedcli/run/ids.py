@@ -9,7 +9,6 @@ import numpy as np
 
 from embedcli.io.positions import LOC_SHIFT
 
-SHIFT = LOC_SHIFT  # a packed location: file index << SHIFT | line (text) or row (Parquet) number
 # Sorted runs stop merging at this many ids (4 MiB): memory stays 16 bytes an id with no merge of a
 # corpus-sized run (which took ~3x that for a moment); a lookup searches a run per 262k ids.
 RUN_CAP = 1 << 18
@@ -30,7 +29,7 @@ def id_hashes(ids: Sequence[str]) -> np.ndarray:
 
 def pack_locations(files: np.ndarray, numbers: np.ndarray) -> np.ndarray:
     """Packed locations (file index, line/row number) as int64."""
-    return (np.asarray(files, np.int64) << SHIFT) | np.asarray(numbers, np.int64)
+    return (np.asarray(files, np.int64) << LOC_SHIFT) | np.asarray(numbers, np.int64)
 
 
 class IdSet:
@@ -64,10 +63,10 @@ class IdSet:
 
     def describe(self, packed: int) -> tuple[str, str]:
         """(file, 'line N' / 'row N') of a packed location."""
-        idx = packed >> SHIFT
+        idx = packed >> LOC_SHIFT
         name = self.names[idx] if idx < len(self.names) else f"input {idx}"
         word = self.words[idx] if idx < len(self.words) else "record"
-        return name, f"{word} {packed & ((1 << SHIFT) - 1)}"
+        return name, f"{word} {packed & ((1 << LOC_SHIFT) - 1)}"
 
     def _first_seen(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(seen before, its packed first location) of each hash."""
