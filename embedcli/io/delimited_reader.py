@@ -74,7 +74,7 @@ class _Records:
         return csv.reader(self._feed(), delimiter="\t", quoting=csv.QUOTE_NONE)
 
     def _unclosed_at_end(self) -> bool:
-        if self.fmt != "csv" or not self.exhausted or len(self.record) < 2:
+        if self.fmt != "csv" or not self.exhausted or not self.record:
             return False
         try:
             list(csv.reader(["".join(t for _, t in self.record)], strict=True))

@@ -44,6 +44,17 @@ def test_csv_runaway_quote_is_one_bad_row_not_a_merge(cli, st_model: Path, tmp_p
     assert [(e["location"], "quoted field" in e["reason"]) for e in bad] == [("line 3", True)]
 
 
+@pytest.mark.parametrize("end", ["\n", ""], ids=["newline", "no-newline"])
+def test_csv_quote_left_open_on_the_last_line_is_a_bad_row(cli, st_model: Path, tmp_path: Path, end: str) -> None:
+    # csv's own parser takes `r2,"open` at the end of the file as the text `open` (and its line break):
+    # pandas and Arrow refuse the file; a one-line field is no more closed than a longer one
+    src = tmp_path / "corpus.csv"
+    src.write_text(f'id,text\nr0,fine\nr1,"closed, with a comma"\nr2,"open{end}', encoding="utf-8")
+    ids, bad = _skip_run(cli, st_model, src, tmp_path)
+    assert ids == ["r0", "r1"]
+    assert [(e["location"], "runs to the end of the file" in e["reason"]) for e in bad] == [("line 4", True)]
+
+
 def test_csv_multiline_quoted_fields_still_read(cli, st_model: Path, tmp_path: Path) -> None:
     src = tmp_path / "ok.csv"
     src.write_text('id,text\na,"two\nlines, one comma"\nb,plain\nc,"at the\nend"\n', encoding="utf-8")
