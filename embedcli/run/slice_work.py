@@ -160,6 +160,8 @@ class SliceWork:
         indexed = previous is not None and previous.has_ids() and self.fingerprints is not None
         carry_blocks = previous.blocks() if indexed and previous is not None else None
         carry_units = previous.unit_map() if indexed and previous is not None else None
+        # a changed block's unchanged lines carried over unread, as the local loop does (`ReadSpec.carry_lines`)
+        carry_lines = previous.line_rows if indexed and previous is not None and previous.has_lines() else None
         # ids repeated inside the slice: the local loop's checks (the driver checks them across slices)
         checks = RowChecks(flags, 0, IdSet(self.paths, self.id_words))
         batch_rows = min(source.inputs.batch_rows, flags.shard_rows)
@@ -172,7 +174,7 @@ class SliceWork:
         def open_reader(on_bad: Any) -> Any:
             reader = source.open(self.paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=self.batch_chars,
                                  start=piece.start, stop=piece.stop, fingerprints=self.fingerprints,
-                                 carry_blocks=carry_blocks, carry_units=carry_units)
+                                 carry_blocks=carry_blocks, carry_units=carry_units, carry_lines=carry_lines)
             specs.append(reader.spec)
             return reader
 

@@ -141,6 +141,33 @@ def test_incremental_and_stdout(cli, st_model: Path, corpus: Path, tmp_path: Pat
     assert np.abs(np.asarray([row["embedding"] for row in rows]) - vectors(local)[1]).max() <= 1e-6
 
 
+def test_incremental_slices_carry_a_changed_blocks_unchanged_lines(cli, st_model: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
+    """Under `--incremental` a slice parses only the changed lines of a changed block, as the local loop does
+    (they read the same rows), and the output is the bytes of a full run, row index included."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 3000, seed=5)
+    flags = ("--shard-rows", 500, "-q")
+    out, local = tmp_path / "ray.parquet", tmp_path / "local.parquet"
+    cli("embed", corpus, "-m", st_model, "-o", out, *flags, *ray_flags(driver))
+    cli("embed", corpus, "-m", st_model, "-o", local, *flags)
+    lines = corpus.read_text().splitlines()
+    for i in (7, 1234, 2999):  # the first slice's first batch, inside a later slice, the last line
+        lines[i] = json.dumps({"id": f"d{i}", "text": f"row {i} changed since the first run"})
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("\n".join(lines) + "\n")
+    read = {}
+    for name, path, extra in (("ray", out, ray_flags(driver)), ("local", local, ())):
+        cli("embed", changed, "-m", st_model, "-o", path, *flags, "--incremental", "--stats", tmp_path / f"{name}.json",
+            *extra)
+        stats = json.loads((tmp_path / f"{name}.json").read_text())
+        assert (stats["computed_rows"], stats["carried_rows"]) == (3, 2997)
+        read[name] = stats["rows_read"]
+    assert read["ray"] == read["local"] < 3000
+    full = tmp_path / "full.parquet"
+    cli("embed", changed, "-m", st_model, "-o", full, *flags)
+    for suffix in ("", ".embedcli-index.parquet"):
+        assert Path(f"{out}{suffix}").read_bytes() == Path(f"{full}{suffix}").read_bytes()
+
+
 def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path, corpus: Path, tmp_path: Path,
                                                             driver, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The local engine's manifest records read points as this one's: the rest is planned from the last one."""
