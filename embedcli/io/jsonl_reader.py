@@ -170,7 +170,11 @@ def read_jsonl(
         named = prefix if state["id_key"] is None else ""
         return f"jsonl\x00{named}\x00{state['id_key']}\x00{types}"
 
-    fmt = LineFormat(parse, context, lambda: dict(state), lambda: BatchBuilder(path, spec, part.file, infer_types=True))
+    def carried() -> None:
+        state["first"] = False
+
+    fmt = LineFormat(parse, context, lambda: dict(state), lambda: BatchBuilder(path, spec, part.file, infer_types=True),
+                     carried)
     yield from read_line_blocks(path, spec, fmt, part, idle=True)
 
 

@@ -40,6 +40,9 @@ class LineFormat:
     context: Callable[[], str | None]
     state: Callable[[], dict[str, Any]]
     builder: Callable[[], BatchBuilder]
+    # rows carried over unread: records were read there once, so what a format says of the file's first
+    # record (JSON Lines: a JSON array, the --format txt hint) no longer applies, as in a run that reads them
+    carried: Callable[[], None] = lambda: None
 
 
 def read_line_blocks(
@@ -209,6 +212,8 @@ class _LineBlocks:
         a carried block whose previous rows they follow, as more of that block (one block of many: the checks
         and the index take a stretch at a time anyway)."""
         builder = self.builder
+        if rows:
+            self.fmt.carried()
         last = builder.blocks[-1] if builder.blocks and builder.block is None else None
         c = last.carried if last is not None else None
         if (last is not None and c is not None and isinstance(c.reread, _Reread) and not last.piece
@@ -258,6 +263,7 @@ class _LineBlocks:
             if rows[k] >= 0:
                 while m < n and rows[m] == rows[m - 1] + 1:
                     m += 1
+                self.fmt.carried()
                 lo = ends[k - 1] if k else 0
                 builder.carry(first_line + k, None, Carried(
                     rows[k], m - k, reread=_Reread(self, [(first_line + k, None, data, ends, lo, k, m)])))

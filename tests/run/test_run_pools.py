@@ -269,6 +269,26 @@ def test_a_resume_reads_no_committed_row_and_ends_byte_equal(tmp_path: Path, die
     assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{whole}.embedcli-index.parquet").read_bytes()
 
 
+@pytest.mark.parametrize("line", ["[1, 2]", "[not json", '{"id": "broken'])
+def test_a_bad_line_after_lines_carried_over_is_the_bad_row_a_full_run_finds(tmp_path: Path, line: str) -> None:
+    """What a JSON Lines reader says of a file's first record (a JSON array stops the run; a line that does not
+    parse hints at --format txt) is said only where no record came before: carried over unread, lines before
+    it were records all the same. The second file is carried from its first line (types are fixed by then)."""
+    a = write_jsonl(tmp_path / "a.jsonl", rows_of(200))
+    lines = [json.dumps({"id": f"b{i}", "text": t}) for i, t in enumerate(texts(400))]
+    b = tmp_path / "b.jsonl"
+    b.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prev = tmp_path / "prev.parquet"
+    run([a, b], prev, tmp_path)
+    lines[250] = line
+    b.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    again = run([a, b], out, tmp_path, incremental=True, previous=str(prev), on_error="skip")
+    run([a, b], full, tmp_path, on_error="skip")
+    assert again["skipped_rows"] == 1 and again["rows_read"] <= 64 + 1
+    assert out.read_bytes() == full.read_bytes()
+
+
 def test_a_resume_over_shards_of_an_older_index_assembles_with_the_new_column_null(tmp_path: Path) -> None:
     """Shards committed by an embedcli before the `line` column, resumed by this one: the sidecar has it, null
     for their rows; the output is the uninterrupted run's."""
