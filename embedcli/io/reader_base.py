@@ -66,6 +66,9 @@ class InputBatch:
     grid_end: bool = False
     sources: list[str] | None = None  # per row, where a batch joins rows of several files
     exits: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (file, reader state) of files ended in it
+    # the bad rows reported in it under --on-error skip (None: a batch not cut by a `BatchBuilder`); a reader
+    # may cut the next batch before this one is handed on, so the batch, not the order of reports, says whose
+    errors: list[InputError] | None = None
 
     def __len__(self) -> int:
         """Return the number of records in the batch."""
@@ -217,6 +220,7 @@ class BatchBuilder:
         self.blocks: list[Block] = []
         self.block: Block | None = None  # the open block
         self.records = 0  # records of the closed blocks
+        self.errors: list[InputError] = []  # bad rows reported since the last batch was taken
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -250,6 +254,7 @@ class BatchBuilder:
     def error(self, err: InputError) -> None:
         """A bad row of the open block: raised, or reported and counted."""
         self.spec.bad(err)
+        self.errors.append(err)
         if self.block is None:
             self.begin(0)
         assert self.block is not None
@@ -352,7 +357,9 @@ class BatchBuilder:
             lines=self.lines,
             blocks=self.blocks,
             grid_end=grid_end,
+            errors=self.errors,
         )
+        self.errors = []
         raw_ids = self.raw_ids
         self.locations, self.numbers, self.ids, self.texts, self.raw_ids, self.lines = [], [], [], [], [], []
         self.columns = {c: [] for c in self.spec.keep_cols}
@@ -412,6 +419,7 @@ class BatchBuilder:
             blocks=batch.blocks,
             end=batch.end,
             grid_end=batch.grid_end,
+            errors=batch.errors,
         )
 
     def _check_type(
@@ -436,15 +444,16 @@ class BatchBuilder:
         for j, v in enumerate(values):
             if j not in bad and not _fits(v, ref):
                 bad.add(j)
-                self.spec.bad(
-                    InputError(
-                        self.source,
-                        f"{field_name} is {_kind((shown or values)[j])}, but the column is {ref} in earlier rows",
-                        location=batch.locations[j],
-                        record_id=batch.ids[j],
-                        fix="give the field one type in every record",
-                    )
+                err = InputError(
+                    self.source,
+                    f"{field_name} is {_kind((shown or values)[j])}, but the column is {ref} in earlier rows",
+                    location=batch.locations[j],
+                    record_id=batch.ids[j],
+                    fix="give the field one type in every record",
                 )
+                self.spec.bad(err)
+                if batch.errors is not None:
+                    batch.errors.append(err)
         return known if ref is None or pa.types.is_null(ref) else ref
 
 # --------------------------------------------------------------------------------------------------

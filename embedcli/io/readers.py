@@ -342,7 +342,7 @@ class InputReader:
             end = (ReadPoint(f + 1, 0, 0, state={"spec": self.spec.state()}) if at_end
                    else ReadPoint(f, 0, 0, done + n, state={"spec": self.spec.state()}))
             yield InputBatch(source=path, locations=[], ids=[], texts=[], blocks=[block], end=end,
-                             grid_end=at_end and cut_at_end)
+                             grid_end=at_end and cut_at_end, errors=[])
             done += n
 
     def _reread_file(self, f: int, skip: int, rows: int) -> Callable[[], Iterator[InputBatch]]:
@@ -396,6 +396,7 @@ def _rows_of(batch: InputBatch, lo: int, hi: int, end: ReadPoint | None = None) 
         extra_texts={c: v[lo:hi] for c, v in batch.extra_texts.items()},
         column_types=batch.column_types, id_type=batch.id_type, numbers=numbers,
         lines=batch.lines[lo:hi] if batch.lines else None, blocks=blocks, end=end,
+        errors=[],  # every record of the file is a row
     )
 
 

@@ -10,6 +10,7 @@ after all, so the repeat is reported where a full run reports it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -266,8 +267,12 @@ def read_work(
             seconds["read"] += time.perf_counter() - t0
             if batch is None:
                 break
-            work = _check_batch(batch, pending, checks, unread_index)
-            pending.clear()
+            # the batch's own bad rows: the reader may have cut the next batch already, whose bad rows are
+            # reported too (a batch that does not say which are its own: every one reported so far)
+            own = getattr(batch, "errors", None)
+            work = _check_batch(batch, list(pending) if own is None else own, checks, unread_index)
+            handed = {id(e) for e in work.errors}  # (with those of blocks read again after all)
+            pending[:] = [e for e in pending if id(e) not in handed]
             split(work)
             yield work
         if pending:  # bad rows after the last batch of a reader that cuts no blocks
@@ -304,6 +309,9 @@ class _Segment:
     at: int = 0  # the row of `part` that is the first row of `blocks` (0: `part` is those blocks' rows alone)
 
 
+_LOCATED = re.compile(r"(?:line|row) (\d+)")
+
+
 def _distinct(h: np.ndarray) -> bool:
     """Whether no value of `h` repeats (sorted neighbours; `np.unique` imports numpy.ma, ~10-30 ms of a start)."""
     s = np.sort(h)
@@ -311,13 +319,13 @@ def _distinct(h: np.ndarray) -> bool:
 
 
 def _check_batch(
-    batch: Any, pending: list[InputError], checks: RowChecks, unread_index: UnreadIds | None
+    batch: Any, reported: list[InputError], checks: RowChecks, unread_index: UnreadIds | None
 ) -> Work:
-    """The work item of one batch (see `read_work`)."""
+    """The work item of one batch (see `read_work`), whose reader reported bad rows `reported`."""
     out = _Builder()
-    out.errors.extend(pending)
-    blocks: list[Block] = batch.blocks or [Block(0, 0, 0, len(batch), errors=len(pending))]
-    records = sum(b.records for b in blocks) if batch.blocks else len(batch) + len(pending)
+    out.errors.extend(reported)
+    blocks: list[Block] = batch.blocks or [Block(0, 0, 0, len(batch), errors=len(reported))]
+    records = sum(b.records for b in blocks) if batch.blocks else len(batch) + len(reported)
     files = _files_of(batch, len(batch))
     # Every row with its texts (the usual case): hash and locate the batch's ids once, not per read stretch
     # (scattered changes cut a batch into thousands of stretches).
@@ -355,13 +363,29 @@ def _check_batch(
                 checks.ids.register(seg.h, seg.locs)
                 _add_unread(out, seg)
             else:
-                _reread_blocks(out, seg, checks, unread_index, pending)
+                _reread_blocks(out, seg, checks, unread_index)
+    _in_input_order(out.errors)
     checks.count(out.errors)
     work = out.work(records, batch)
     work.identities = [(b.file, b.group, b.unit) for b in blocks if b.unit is not None]
     work.identities += [(b.file, -1, b.file_unit) for b in blocks if b.file_unit is not None]
     work.exits = list(getattr(batch, "exits", []))
     return work
+
+
+def _in_input_order(errors: list[InputError]) -> None:
+    """Sort a batch's bad rows (all of one file) by line or row, in place.
+
+    They are found in two passes, the lines that do not parse as the batch is read and the rows the checks
+    refuse (a repeated id) after it, so without this their order would follow where batches end: a rerun that
+    carries blocks over unread cuts its batches elsewhere than a full run, and its errors came out in another
+    order (the same records, `--errors-file` and the output's metadata not the same bytes).
+    """
+    found = [_LOCATED.fullmatch(e.location or "") for e in errors]
+    numbers = [int(m.group(1)) for m in found if m is not None]
+    if len(numbers) == len(errors) > 1:
+        order = sorted(range(len(errors)), key=numbers.__getitem__)
+        errors[:] = [errors[k] for k in order]
 
 
 def _unread(ids: tuple[np.ndarray, np.ndarray], prev: int, file: int, blocks: list[Block]) -> _Segment:
@@ -411,10 +435,7 @@ def _add_unread(out: _Builder, seg: _Segment) -> None:
     out.unread_rows(seg.locs, seg.prev, np.repeat(np.asarray([b.piece for b in blocks], np.bool_), rows))
 
 
-def _reread_blocks(
-    out: _Builder, seg: _Segment, checks: RowChecks, unread_index: UnreadIds | None,
-    pending: list[InputError],
-) -> None:
+def _reread_blocks(out: _Builder, seg: _Segment, checks: RowChecks, unread_index: UnreadIds | None) -> None:
     """A stretch carried over unread in which an id seen earlier in the run is: block by block, each carried
     over or (the one with that id) read after all, so the repeat is reported where a full run reports it."""
     for block in seg.blocks:
@@ -427,7 +448,8 @@ def _reread_blocks(
                 _add_unread(out, one)
                 continue
         assert c.reread is not None
-        before, start, errors = len(pending), out.rows, len(out.errors)
+        start, errors = out.rows, len(out.errors)
+        parsed: list[InputError] = []
         for again in c.reread():
             again_blocks = list(again.blocks) or [Block(block.file, block.start, 0, len(again))]
             files = _files_of(again, len(again)) if again.blocks else np.full(len(again), block.file, np.int64)
@@ -435,7 +457,8 @@ def _reread_blocks(
             drop, repeated = checks.repeats(part.part, part.valid, part.h, part.locs)
             out.errors.extend([*part.errors, *repeated])
             _add_read(out, part, drop)
-        out.errors.extend(pending[before:])
+            parsed += again.errors or []
+        out.errors.extend(parsed)
         if block.piece:  # a piece read after all: whole if each of its rows is one still
             out.placed.append((block, start, out.rows - start, out.rows - start == c.rows and len(out.errors) == errors))
 

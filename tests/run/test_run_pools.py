@@ -269,6 +269,45 @@ def test_a_resume_reads_no_committed_row_and_ends_byte_equal(tmp_path: Path, die
     assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{whole}.embedcli-index.parquet").read_bytes()
 
 
+def _bad_rows(out: Path) -> list[str]:
+    return [e["location"] for e in json.loads(pq.read_schema(out).metadata[b"embedcli.errors"])]
+
+
+@pytest.mark.parametrize("die_at", [3, 4, 5, 6, 7])
+def test_a_resume_under_skip_reports_each_bad_row_once(tmp_path: Path, die_at: int) -> None:
+    """A reader cuts the next batch before it hands one on: the bad rows of that next batch are reported by
+    then, and were committed with the batch before. A kill between the two commits, and the resume read them
+    again: one bad row twice in the metadata and the errors file, one more skipped row than there were."""
+    lines = [json.dumps({"id": i, "text": t}) for i, t in rows_of(1000)]
+    for j in range(30, 1000, 97):
+        lines[j] = '{"id": "broken'
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    whole = tmp_path / "whole.parquet"
+    full = run([src], whole, tmp_path, on_error="skip")
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=die_at), on_error="skip")
+    again = run([src], out, tmp_path, on_error="skip")
+    assert full["skipped_rows"] == again["skipped_rows"] == 10
+    assert _bad_rows(out) == _bad_rows(whole) == [f"line {j + 1}" for j in range(30, 1000, 97)]
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_bad_rows_are_reported_in_input_order(tmp_path: Path) -> None:
+    """A batch's lines that do not parse are found as it is read and its repeated ids after: in input order
+    all the same, so where batches end (a rerun's are not a full run's) does not show in the list."""
+    rows = rows_of(300)
+    lines = [json.dumps({"id": i, "text": t}) for i, t in rows]
+    lines[200] = json.dumps({"id": rows[199][0], "text": "a repeated id"})
+    lines[205] = lines[290] = '{"id": "broken'
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.parquet"
+    run([src], out, tmp_path, on_error="skip")
+    assert _bad_rows(out) == ["line 201", "line 206", "line 291"]
+
+
 @pytest.mark.parametrize("line", ["[1, 2]", "[not json", '{"id": "broken'])
 def test_a_bad_line_after_lines_carried_over_is_the_bad_row_a_full_run_finds(tmp_path: Path, line: str) -> None:
     """What a JSON Lines reader says of a file's first record (a JSON array stops the run; a line that does not
