@@ -73,22 +73,24 @@ class _Segments:
         return table
 
     def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
-        """Rows `rows` (in that order) of `columns`; runs of consecutive rows are sliced, not gathered."""
+        """Rows `rows` (in that order, any order) of `columns`; runs of consecutive rows are sliced, not
+        gathered."""
         cols = tuple(columns)
         rows = np.asarray(rows, dtype=np.int64)
         seg = np.searchsorted(self.starts, rows, side="right") - 1
+        # runs of rows in one row group: a rerun whose lines moved takes rows back and forth between groups
+        bounds = np.flatnonzero(seg[1:] != seg[:-1]) + 1
         pieces: list[pa.Table] = []
-        i, n = 0, len(rows)
-        while i < n:
+        for i, j in zip([0, *bounds.tolist()], [*bounds.tolist(), len(rows)], strict=True):
+            if i == j:
+                continue
             s = int(seg[i])
-            j = i + int(np.searchsorted(seg[i:], s, side="right"))
             local = rows[i:j] - self.starts[s]
             table = self.group(s, cols)
             if len(local) and int(local[-1]) - int(local[0]) == len(local) - 1 and bool(np.all(np.diff(local) == 1)):
                 pieces.append(table.slice(int(local[0]), len(local)))
             else:
                 pieces.append(table.take(arrow_array(local)))
-            i = j
         return pa.concat_tables(pieces).combine_chunks() if len(pieces) != 1 else pieces[0].combine_chunks()
 
     def slice(self, start: int, stop: int, columns: Sequence[str]) -> pa.Table:

@@ -171,6 +171,25 @@ def test_a_changed_block_carries_its_unchanged_lines_to_the_bytes_of_a_full_run(
         assert again["skipped_rows"] >= 10 and again["rows_read"] <= 64 + 12 * 16
 
 
+def test_lines_moved_across_the_previous_output_s_row_groups_are_taken_back_in_their_new_order(tmp_path: Path) -> None:
+    """Rows taken over from the previous output one way and the other across its row groups (8,192 rows each):
+    the rerun assembles the bytes of a full run (it failed with an ArrowIndexError: rows taken as if sorted)."""
+    lines = [json.dumps({"id": i, "text": t}) for i, t in rows_of(9000)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prev = tmp_path / "prev.parquet"
+    run([src], prev, tmp_path)
+    moved = list(lines)
+    moved.insert(300, moved.pop(8700))  # from the second row group into the first
+    moved.insert(8600, moved.pop(120))  # and back
+    src.write_text("\n".join(moved) + "\n", encoding="utf-8")
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    again = run([src], out, tmp_path, incremental=True, previous=str(prev))
+    run([src], full, tmp_path)
+    assert again["computed_rows"] == 0 and again["carried_rows"] == 9000
+    assert out.read_bytes() == full.read_bytes()
+
+
 def test_a_text_file_s_repeated_lines_are_carried_only_at_their_own_numbers(tmp_path: Path) -> None:
     """A plain-text line's id is `file:line`: the same text at another number is another row."""
     lines = ["the same line" if i % 5 == 0 else f"line {i} of the file" for i in range(800)]
