@@ -300,10 +300,14 @@ class _ParquetBlocks:
 
     def _reread(self, g: int, lo: int, hi: int) -> Any:
         def reread() -> Iterator[InputBatch]:
-            sub = _ParquetBlocks(self.path, self.pf, self.spec, self.prefix, self.file, self.id_col, self.wanted)
-            yield from sub.read_group(g, lo, hi, carry=False)
-            if sub.b.has_blocks():
-                yield sub.b.take()
+            # the file opened again: the reader holds a batch back until it has cut the next, so by the time the
+            # checks ask for these rows it may have closed this file and gone on to the next (carried rows are
+            # of a file that can be read again)
+            with _open(self.path) as pf:
+                sub = _ParquetBlocks(self.path, pf, self.spec, self.prefix, self.file, self.id_col, self.wanted)
+                yield from sub.read_group(g, lo, hi, carry=False)
+                if sub.b.has_blocks():
+                    yield sub.b.take()
         return reread
 
     def read_group(self, g: int, lo: int, hi: int, carry: bool = True) -> Iterator[InputBatch]:

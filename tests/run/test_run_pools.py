@@ -190,6 +190,31 @@ def test_lines_moved_across_the_previous_output_s_row_groups_are_taken_back_in_t
     assert out.read_bytes() == full.read_bytes()
 
 
+def test_a_carried_row_group_read_after_all_once_its_file_is_behind_the_reader(tmp_path: Path) -> None:
+    """A Parquet file's last row group, carried over, holds an id met earlier (an edit above it), so the checks
+    read it after all; by then the reader has cut the next file's first batch and closed this file. The rows
+    are read from the file opened again (it failed: 'Invalid operation on closed file', exit 1)."""
+    rows = rows_of(600)
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+
+    def write(table_rows: list[tuple[str, str]]) -> None:
+        pq.write_table(pa.table({"id": [i for i, _ in table_rows], "text": [t for _, t in table_rows]}), a,
+                       row_group_size=300)
+
+    write(rows)
+    pq.write_table(pa.table({"id": [f"b{i}" for i in range(100)], "text": texts(100, "b")}), b)
+    prev = tmp_path / "prev.parquet"
+    run([a, b], prev, tmp_path)
+    edited = list(rows)
+    edited[10] = (rows[500][0], "an id the last row group has too")
+    write(edited)
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    again = run([a, b], out, tmp_path, incremental=True, previous=str(prev), on_error="skip")
+    run([a, b], full, tmp_path, on_error="skip")
+    assert again["skipped_rows"] == 1
+    assert out.read_bytes() == full.read_bytes()
+
+
 def test_a_text_file_s_repeated_lines_are_carried_only_at_their_own_numbers(tmp_path: Path) -> None:
     """A plain-text line's id is `file:line`: the same text at another number is another row."""
     lines = ["the same line" if i % 5 == 0 else f"line {i} of the file" for i in range(800)]
