@@ -136,7 +136,10 @@ class _Columns:
                 off = offsets[a : b + 1]
                 h.update(np.diff(off).astype(np.int64).tobytes())
                 h.update(data[int(off[0]) : int(off[-1])])
-                h.update(b"\x00" if nulls is None else nulls[a:b].tobytes())
+                # the block's own nulls, not its chunk's: where a chunk starts (a resume starts one mid-group)
+                # must not change a block's identity
+                mine = nulls[a:b] if nulls is not None else None
+                h.update(mine.tobytes() if mine is not None and bool(mine.any()) else b"\x00")
             else:
                 sl = part[1].slice(a, b - a)
                 h.update(pa.RecordBatch.from_arrays([sl], ["c"]).serialize().to_pybytes())

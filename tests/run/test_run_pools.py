@@ -313,6 +313,25 @@ def test_a_resume_reads_no_committed_row_and_ends_byte_equal(tmp_path: Path, die
     assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{whole}.embedcli-index.parquet").read_bytes()
 
 
+def test_a_resume_inside_a_row_group_with_a_null_text_gives_its_blocks_the_same_identities(tmp_path: Path) -> None:
+    """A Parquet block's identity hashed the nulls of the whole decoded chunk it sat in; a resume starts decoding
+    mid-group, so the blocks after it got other identities than an uninterrupted run's (its row index, and what
+    a later --incremental can carry over, differed) when a null text was in the chunk before the resume point."""
+    rows = rows_of(1000)
+    texts_ = [None if i == 5 else t for i, (_, t) in enumerate(rows)]
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [i for i, _ in rows], "text": pa.array(texts_, pa.string())}), src)
+    whole = tmp_path / "whole.parquet"
+    run([src], whole, tmp_path, shard_rows=50, on_error="skip")
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Stop):
+        run([src], out, tmp_path, Engine(die_at=5), shard_rows=50, on_error="skip")
+    again = run([src], out, tmp_path, shard_rows=50, on_error="skip")
+    assert 0 < again["resumed_rows"] < 999
+    assert out.read_bytes() == whole.read_bytes()
+    assert Path(f"{out}.embedcli-index.parquet").read_bytes() == Path(f"{whole}.embedcli-index.parquet").read_bytes()
+
+
 def _bad_rows(out: Path) -> list[str]:
     return [e["location"] for e in json.loads(pq.read_schema(out).metadata[b"embedcli.errors"])]
 
