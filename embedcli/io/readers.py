@@ -286,8 +286,11 @@ class InputReader:
             if held is not None and 0 in file_cuts:
                 held.grid_end = True
             unit = self.file_identity(f) if fresh else None
-            found = self.carry_units.get(unit) if unit is not None else None
             until = stop if stop is not None and stop.file == f else None
+            # carried whole only up to a stop it can express (a count of its rows): a slice that ends inside the
+            # file at a byte or row reads up to there, or it gave back rows past its end that the next slices
+            # gave too (each one then a "duplicate id" of itself)
+            found = self.carry_units.get(unit) if unit is not None and (until is None or until.pos == 0) else None
             skip = here.skip if here is not None else 0
             if found is not None:
                 batches = self._carried_file(f, path, found, skip, until, bool(file_cuts))

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedcli.io.commit import write_atomic
@@ -92,6 +93,31 @@ class ShardWriter:
         self._part = None
 
 
+def _unmarked(index: pa.Table, dropped: np.ndarray) -> pa.Table:
+    """`index` without the marks of the blocks that lose rows `dropped`: a block is marked (its identity and rows,
+    on its first row) only when every record of it became a row, and a later rerun carries a marked block over
+    as that many rows."""
+    if "block_rows" not in index.column_names or not len(dropped):
+        return index
+    sizes = np.asarray(index.column("block_rows").fill_null(0).to_numpy(), np.int64)
+    starts = np.flatnonzero(sizes > 0)
+    if not len(starts):
+        return index
+    ends = starts + sizes[starts]
+    at = np.searchsorted(starts, dropped, side="right") - 1
+    hit = at[(at >= 0) & (dropped < ends[np.maximum(at, 0)])]
+    if not len(hit):
+        return index
+    clear = np.zeros(index.num_rows, dtype=bool)
+    clear[starts[hit]] = True
+    mask = pa.array(clear)
+    for name in ("block", "block_rows"):
+        column = index.column(name)
+        index = index.set_column(index.schema.get_field_index(name), name,
+                                 pc.if_else(mask, pa.scalar(None, column.type), column))
+    return index
+
+
 def drop_rows(
     root: str, number: int, written: WrittenShard, rows: np.ndarray, records: list[dict[str, Any]]
 ) -> WrittenShard:
@@ -110,7 +136,7 @@ def drop_rows(
         rewrite_part(path, table, schema)
     if index is not None:
         path = os.path.join(root, index)
-        write_atomic(path, index_bytes(pq.read_table(path).take(take)))
+        write_atomic(path, index_bytes(_unmarked(pq.read_table(path), rows).take(take)))
     if records:
         errors = errors or slice_names(number)[2]
         path = os.path.join(root, errors)

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedcli.errors import InputError, TooManyErrors, UsageError, display_path
-from embedcli.io.positions import BLOCK_LINES, ReadPoint
+from embedcli.io.positions import BLOCK_LINES, LOC_SHIFT, ReadPoint
 from embedcli.io.shard_files import drop_rows
 from embedcli.io.shards import RowsOut, ShardStore
 from embedcli.run.ids import IdSet
@@ -218,11 +218,24 @@ class SlicedRun:
                 stream.write_table(table)
             result.table = sink.getvalue().to_pybytes()
             result.error_records.extend(records)
+        for j, _ in repeats:  # a dropped row is no row of its file (or row group): not carried whole later
+            f, number = divmod(int(result.id_locations[j]), 1 << LOC_SHIFT)
+            result.units.add(f, self._group_of(f, number), 0, -1)
         result.id_hashes, result.id_locations = result.id_hashes[keep], result.id_locations[keep]
         result.errors += len(errors)
         result.shown.extend((type(e), e.args, dict(e.__dict__)) for e in errors)
         result.computed_rows = max(0, result.computed_rows - len(errors))
         return result
+
+    def _group_of(self, f: int, row: int) -> int:
+        """The row group of row `row` of input `f` when it is a Parquet file, else -1."""
+        path = self.paths[f]
+        fmt = self.source.inputs.fmt
+        if fmt != "parquet" and not (fmt is None and path.lower().endswith((".parquet", ".pq"))):
+            return -1
+        md = pq.read_metadata(path)
+        ends = np.cumsum([md.row_group(g).num_rows for g in range(md.num_row_groups)])
+        return int(np.searchsorted(ends, row, side="right"))
 
     def _ids_of(self, result: SliceResult, rows: np.ndarray) -> list[str]:
         """The ids of rows `rows` of a slice's output."""
