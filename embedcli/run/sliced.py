@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from embedcli.errors import InputError, TooManyErrors, UsageError, display_path
 from embedcli.io.positions import BLOCK_LINES, LOC_SHIFT, ReadPoint
+from embedcli.io.readers import detect_format
 from embedcli.io.shard_files import drop_rows
 from embedcli.io.shards import RowsOut, ShardStore
 from embedcli.run.ids import IdSet
@@ -73,6 +74,7 @@ class SlicedRun:
             raise UsageError("--engine ray reads its inputs on the workers: it needs input files")
         self.source = source
         self.paths: list[str] = list(p.paths or source.paths())
+        self._group_ends: dict[int, np.ndarray] = {}  # a Parquet input's row-group ends, read once (`_group_of`)
         if "-" in self.paths:
             raise UsageError("--engine ray reads its inputs on the workers, which cannot read this process's stdin: "
                              "write it to a file first (or drop --engine ray)")
@@ -229,13 +231,15 @@ class SlicedRun:
 
     def _group_of(self, f: int, row: int) -> int:
         """The row group of row `row` of input `f` when it is a Parquet file, else -1."""
-        path = self.paths[f]
-        fmt = self.source.inputs.fmt
-        if fmt != "parquet" and not (fmt is None and path.lower().endswith((".parquet", ".pq"))):
-            return -1
-        md = pq.read_metadata(path)
-        ends = np.cumsum([md.row_group(g).num_rows for g in range(md.num_row_groups)])
-        return int(np.searchsorted(ends, row, side="right"))
+        ends = self._group_ends.get(f)
+        if ends is None:
+            path = self.paths[f]
+            ends = np.zeros(0, np.int64)
+            if detect_format(path, self.source.inputs.fmt) == "parquet":
+                md = pq.read_metadata(path)
+                ends = np.cumsum([md.row_group(g).num_rows for g in range(md.num_row_groups)])
+            self._group_ends[f] = ends
+        return int(np.searchsorted(ends, row, side="right")) if len(ends) else -1
 
     def _ids_of(self, result: SliceResult, rows: np.ndarray) -> list[str]:
         """The ids of rows `rows` of a slice's output."""
