@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -120,10 +120,12 @@ def _unmarked(index: pa.Table, dropped: np.ndarray) -> pa.Table:
 
 
 def drop_rows(
-    root: str, number: int, written: WrittenShard, rows: np.ndarray, records: list[dict[str, Any]]
+    root: str, number: int, written: WrittenShard, rows: np.ndarray, records: list[dict[str, Any]],
+    order: Callable[[list[dict[str, Any]]], list[int]] | None = None,
 ) -> WrittenShard:
     """Slice `number`'s `written` files without rows `rows` (positions), `records` added to its bad rows: a slice whose
-    rows repeat ids that an earlier slice committed (`--on-error skip`). Each file is rewritten whole."""
+    rows repeat ids that an earlier slice committed (`--on-error skip`). Each file is rewritten whole; `order`
+    gives the order of all its bad rows (those it had, then `records`), else `records` go last."""
     keep = np.ones(written.rows, dtype=bool)
     keep[rows] = False
     take = pa.array(np.flatnonzero(keep))
@@ -141,10 +143,13 @@ def drop_rows(
     if records:
         errors = errors or slice_names(number)[2]
         path = os.path.join(root, errors)
-        before = b""
+        lines: list[bytes] = []
         if written.errors_file is not None:
             with open(path, "rb") as f:
-                before = f.read()
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        write_atomic(path, before + lines.encode("utf-8"))
+                lines = [line for line in f if line.strip()]
+        lines += [(json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8") for r in records]
+        if order is not None:
+            ranks = order([json.loads(line) for line in lines])
+            lines = [lines[k] for k in ranks]
+        write_atomic(path, b"".join(lines))
     return WrittenShard(data, index, errors, int(keep.sum()), written.errors + len(records), written.indexed)

@@ -64,6 +64,9 @@ class Work:
     counts: list[tuple[int, int, int, int]] = field(default_factory=list)  # (file, group, records, rows) per block
     identities: list[tuple[int, int, bytes]] = field(default_factory=list)  # (file, group, identity) of units
     exits: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # files carried over whole and unread from their start here (not those known unchanged but read, or carried
+    # only up to a slice's stop inside them)
+    whole_files: list[int] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -309,7 +312,8 @@ class _Segment:
     at: int = 0  # the row of `part` that is the first row of `blocks` (0: `part` is those blocks' rows alone)
 
 
-_LOCATED = re.compile(r"(?:line|row) (\d+)")
+LOCATED = re.compile(r"(?:line|row) (\d+)")
+"""A bad row's location as a line (text) or row (Parquet) number."""
 
 
 def _distinct(h: np.ndarray) -> bool:
@@ -369,6 +373,9 @@ def _check_batch(
     work = out.work(records, batch)
     work.identities = [(b.file, b.group, b.unit) for b in blocks if b.unit is not None]
     work.identities += [(b.file, -1, b.file_unit) for b in blocks if b.file_unit is not None]
+    if work.unread:  # (a file read after all, its ids met earlier, has its rows counted as read)
+        work.whole_files = [b.file for b in blocks if b.file_unit is not None and b.carried is not None
+                            and b.carried.unit and b.group < 0]
     work.exits = list(getattr(batch, "exits", []))
     return work
 
@@ -381,7 +388,7 @@ def _in_input_order(errors: list[InputError]) -> None:
     carries blocks over unread cuts its batches elsewhere than a full run, and its errors came out in another
     order (the same records, `--errors-file` and the output's metadata not the same bytes).
     """
-    found = [_LOCATED.fullmatch(e.location or "") for e in errors]
+    found = [LOCATED.fullmatch(e.location or "") for e in errors]
     numbers = [int(m.group(1)) for m in found if m is not None]
     if len(numbers) == len(errors) > 1:
         order = sorted(range(len(errors)), key=numbers.__getitem__)

@@ -259,9 +259,9 @@ def count_units(units: InputUnits, work: Work, previous: PreviousOutput | None,
         units.add(f, group, records, rows)
     for f, group, ident in work.identities:
         units.identify(f, ident, group)
-        if group < 0 and previous is not None and carry_units and ident in carry_units:
+        if group < 0 and f in work.whole_files and previous is not None and carry_units and ident in carry_units:
             entry = file_entry(previous.units, ident)
-            if entry is not None and work.unread:
+            if entry is not None:
                 units.copy_groups(f, entry)
     for f, state in work.exits:
         units.exit(f, state)

@@ -30,6 +30,7 @@ from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.readers import detect_format
 from embedcli.run.flags import RunFlags, parse_shard
 from embedcli.run.grid import grid_of, start_point, stop_point
+from embedcli.run.slices import first_batch
 from embedcli.run.source import BatchSource
 
 
@@ -61,17 +62,6 @@ class RangeSource(BatchSource):
         return {**super().options(), "shard": self.label, "cells": list(self.cells)}
 
 
-def first_state(source: BatchSource, paths: list[str], flags: RunFlags, chars: int | None) -> dict[str, Any]:
-    """The readers' state after the inputs' first batch (it fixes a JSON input's types), read alone."""
-    reader = source.open(paths, batch_rows=min(source.inputs.batch_rows, flags.shard_rows),
-                         on_bad_row=lambda e: None, batch_chars=chars)
-    try:
-        next(reader, None)
-    finally:
-        reader.close()
-    return {"spec": reader.spec.state()}
-
-
 def shard_source(source: Any, shard: str, flags: RunFlags, chars: int | None) -> tuple[RangeSource, dict[str, str]]:
     """The slice `--shard K/N` of `source`, and the metadata keys its output carries (`chars`: the run's
     batch text cap, which spaces the cuts)."""
@@ -90,7 +80,8 @@ def shard_source(source: Any, shard: str, flags: RunFlags, chars: int | None) ->
     start: ReadPoint | None = None
     empty = a >= b
     if not empty and a > 0:
-        start = start_point(paths, fmts, grid.locate(a), first_state(source, paths, flags, chars), block)
+        first = first_batch(source, paths, min(source.inputs.batch_rows, flags.shard_rows), chars)
+        start = start_point(paths, fmts, grid.locate(a), {"spec": first.state}, block)
         empty = start is None
     stop = stop_point(paths, fmts, grid.locate(b), block) if b < grid.cells else None
     ranged = RangeSource(source.inputs, source.extra_text_cols, start=start, stop=stop, label=f"{k}/{n}",

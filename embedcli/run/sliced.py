@@ -35,13 +35,14 @@ from embedcli.io.positions import BLOCK_LINES, LOC_SHIFT, ReadPoint
 from embedcli.io.readers import detect_format
 from embedcli.io.shard_files import drop_rows
 from embedcli.io.shards import RowsOut, ShardStore
+from embedcli.run.checks import LOCATED
 from embedcli.run.ids import IdSet
 from embedcli.run.incremental import Carry
 from embedcli.run.job import Sink, SliceEngine
 from embedcli.run.report import RunReport
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.slice_work import SliceResult, SliceWork, rebuilt
-from embedcli.run.slices import InputSlice, first_state, plan_slices, sliceable
+from embedcli.run.slices import InputSlice, first_batch, plan_slices, sliceable
 from embedcli.run.source import BatchSource
 
 if TYPE_CHECKING:  # the pipeline drives this module and is passed in; no import at run time
@@ -74,7 +75,8 @@ class SlicedRun:
             raise UsageError("--engine ray reads its inputs on the workers: it needs input files")
         self.source = source
         self.paths: list[str] = list(p.paths or source.paths())
-        self._group_ends: dict[int, np.ndarray] = {}  # a Parquet input's row-group ends, read once (`_group_of`)
+        self._group_ends: dict[int, np.ndarray] = {}
+        self._files: dict[str, int] | None = None  # each input's shown name -> its index (`_input_order`)  # a Parquet input's row-group ends, read once (`_group_of`)
         if "-" in self.paths:
             raise UsageError("--engine ray reads its inputs on the workers, which cannot read this process's stdin: "
                              "write it to a file first (or drop --engine ray)")
@@ -87,7 +89,7 @@ class SlicedRun:
             return [InputSlice(0, begin, None)]
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         return plan_slices(source, paths, self.flags.shard_rows, workers=self.engine.parallelism, begin=begin,
-                           state=lambda: first_state(source, paths, batch_rows, self.chars),
+                           first=lambda: first_batch(source, paths, batch_rows, self.chars),
                            block=min(BLOCK_LINES, batch_rows))
 
     def work(self) -> SliceWork:
@@ -212,22 +214,45 @@ class SlicedRun:
         records = [e.to_record() for e in errors]
         if self.store is not None:
             assert result.written is not None
-            result.written = drop_rows(self.store.root, result.number, result.written, rows, records)
+            result.written = drop_rows(self.store.root, result.number, result.written, rows, records,
+                                       self._input_order)
         elif result.table is not None:
             table = pa.ipc.open_stream(result.table).read_all().take(pa.array(np.flatnonzero(keep)))
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, table.schema) as stream:
                 stream.write_table(table)
             result.table = sink.getvalue().to_pybytes()
-            result.error_records.extend(records)
+            both = [*result.error_records, *records]
+            result.error_records = [both[k] for k in self._input_order(both)]
         for j, _ in repeats:  # a dropped row is no row of its file (or row group): not carried whole later
             f, number = divmod(int(result.id_locations[j]), 1 << LOC_SHIFT)
             result.units.add(f, self._group_of(f, number), 0, -1)
         result.id_hashes, result.id_locations = result.id_hashes[keep], result.id_locations[keep]
         result.errors += len(errors)
-        result.shown.extend((type(e), e.args, dict(e.__dict__)) for e in errors)
+        shown = [*result.shown, *((type(e), e.args, dict(e.__dict__)) for e in errors)]
+        ranks = self._input_order([{"file": display_path(str(d.get("path"))), "location": d.get("location")}
+                                   for _, _, d in shown])
+        result.shown = [shown[k] for k in ranks]
         result.computed_rows = max(0, result.computed_rows - len(errors))
         return result
+
+    def _input_order(self, records: Sequence[dict[str, Any]]) -> list[int]:
+        """The order of a slice's bad rows (records of `--errors-file`) in the inputs, as the local loop lists
+        them: by file, then line or row (a record with neither keeps its place after the one before it); the
+        driver finds the ids an earlier slice committed after the slice's own bad rows, among them."""
+        if self._files is None:
+            self._files = {}
+            for i, path in enumerate(self.paths):
+                self._files.setdefault(display_path(path), i)
+        keys: list[tuple[int, int]] = []
+        last = (-1, -1)
+        for r in records:
+            found = LOCATED.fullmatch(str(r.get("location") or ""))
+            f = self._files.get(str(r.get("file")))
+            if found is not None and f is not None:
+                last = (f, int(found.group(1)))
+            keys.append(last)
+        return sorted(range(len(records)), key=keys.__getitem__)
 
     def _group_of(self, f: int, row: int) -> int:
         """The row group of row `row` of input `f` when it is a Parquet file, else -1."""

@@ -85,12 +85,29 @@ def sliceable(source: Any, paths: Sequence[str]) -> bool:
     return type(source) is BatchSource and STDIN not in paths
 
 
-def first_state(source: BatchSource, paths: Sequence[str], batch_rows: int, batch_chars: int | None) -> dict[str, Any]:
-    """The readers' state after the inputs' first batch (it fixes a JSON input's types), read alone."""
+@dataclass(frozen=True)
+class FirstBatch:
+    """The readers' state after the batch that settles the run's types (JSON rows fix them from the first
+    batch), and where that batch ends: no slice starts before it (None: anywhere)."""
+
+    state: dict[str, Any]
+    end: ReadPoint | None = None
+
+
+def first_batch(source: BatchSource, paths: Sequence[str], batch_rows: int, batch_chars: int | None) -> FirstBatch:
+    """Read the inputs' first batches alone, up to the one that settles the readers' types (`FirstBatch`).
+
+    A slice starting inside that stretch would read its rows with the types already fixed, where a whole run
+    reads them before: the same rows, but with the line identities (the row index's `line`) a whole run
+    cannot give them yet, and types fixed from fewer rows when the first slice ends inside it."""
     reader: Any = source.open(paths, batch_rows=batch_rows, on_bad_row=lambda e: None, batch_chars=batch_chars)
+    end = ReadPoint(len(paths), 0, 0)  # read to the end unsettled: one slice
     try:
-        next(reader, None)
-        return dict(reader.spec.state())
+        for batch in reader:
+            if reader.spec.settled:
+                end = batch.end if batch.end is not None else end
+                break
+        return FirstBatch(dict(reader.spec.state()), end)
     finally:
         reader.close()
 
@@ -165,13 +182,13 @@ def plan_slices(
     *,
     workers: int = 1,
     begin: ReadPoint | None = None,
-    state: Callable[[], dict[str, Any]] | None = None,
+    first: Callable[[], FirstBatch] | None = None,
     block: int = BLOCK_LINES,
 ) -> list[InputSlice]:
     """The slices of `paths` from `begin` (None: their start) to their end, of about `rows` records each (fewer
-    when the inputs would give `workers` too few, `slice_rows`); `state()`: the readers' state after the inputs'
-    first batch, which a slice starting elsewhere takes; `block`: the readers' block lines (text is cut between
-    blocks)."""
+    when the inputs would give `workers` too few, `slice_rows`); `first()`: the inputs' first batch
+    (`first_batch`): a slice starting elsewhere takes the readers' state after it, and none starts inside it;
+    `block`: the readers' block lines (text is cut between blocks)."""
     points: list[tuple[ReadPoint, int | None]] = []
     fmts = [detect_format(p, source.inputs.fmt) for p in paths]
     for f, path in enumerate(paths):
@@ -187,6 +204,20 @@ def plan_slices(
             points.insert(0, (begin, None))
         else:
             points[0] = (begin, points[0][1])  # with the readers' state recorded there
+    settled: FirstBatch | None = None
+    if begin is None and len(points) > 1 and first is not None:
+        settled = first()
+        if settled.end is not None:
+            end = settled.end.order()
+            merged = points[0][1]
+            kept = [points[0]]
+            for p, n in points[1:]:
+                if p.order() < end:  # inside the first batch: counted with the slice before
+                    merged = None if merged is None or n is None else merged + n
+                    kept[0] = (kept[0][0], merged)
+                else:
+                    kept.append((p, n))
+            points = kept
     starts: list[tuple[ReadPoint, int | None]] = []
     held = 0
     for point, count in points:
@@ -206,7 +237,9 @@ def plan_slices(
             start = None  # the inputs' start: a fresh reader, as a whole run has
         elif not point.state:
             if readers_state is None:
-                readers_state = state() if state is not None else {}
+                if settled is None and first is not None:
+                    settled = first()
+                readers_state = settled.state if settled is not None else {}
             start = ReadPoint(point.file, point.pos, point.line, state={"spec": readers_state})
         stop = starts[i + 1][0] if i + 1 < len(starts) else None
         slices.append(InputSlice(i, start, stop, records=count))

@@ -86,12 +86,14 @@ def test_deleted_shard_is_recomputed_alone(cli, st_model: Path, corpus: Path, tm
 
 
 def test_bad_rows_across_slices_as_the_local_engine(cli, st_model: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
-    """A null text, a malformed line and ids repeated from an earlier slice: under --on-error skip the same
-    rows, errors file and exit 3 as the local engine; --max-errors and --on-error fail stop with exit 1."""
+    """Null texts, a malformed line and ids repeated from an earlier slice: under --on-error skip the same
+    rows, errors file (in input order) and exit 3 as the local engine; --max-errors and --on-error fail stop
+    with exit 1."""
     corpus = write_corpus(tmp_path / "bad.jsonl", 160, seed=8, bad_at=57)
     lines = corpus.read_text().splitlines()
     lines[90] = '{"id": "d3", "text": "a repeat of an id of the first slice"}'
     lines[130] = "{not json"
+    lines[94] = '{"id": "n94", "text": null}'  # after the repeat, in its slice: the driver finds the repeat later
     lines[150] = '{"id": "d125", "text": "a repeat within its own slice"}'
     corpus.write_text("\n".join(lines) + "\n")
     outputs = {}
@@ -99,15 +101,16 @@ def test_bad_rows_across_slices_as_the_local_engine(cli, st_model: Path, tmp_pat
         out, errors = tmp_path / f"{engine}.parquet", tmp_path / f"{engine}-errors.jsonl"
         r = cli("embed", corpus, "-m", st_model, "-o", out, "--shard-rows", 40, "--on-error", "skip",
                 "--errors-file", errors, *extra, code=3)
-        assert "4 bad input rows were skipped" in r.stderr
+        assert "5 bad input rows were skipped" in r.stderr
         records = [json.loads(line) for line in errors.read_text().splitlines()]
-        outputs[engine] = (vectors(out), sorted((e["location"], e["id"], e["reason"]) for e in records))
+        outputs[engine] = (vectors(out), [(e["location"], e["id"], e["reason"]) for e in records])
     (l_ids, l_emb, l_meta), l_errors = outputs["local"]
     (r_ids, r_emb, r_meta), r_errors = outputs["ray"]
     assert r_errors == l_errors
+    assert [e[0] for e in r_errors] == ["line 58", "line 91", "line 95", "line 131", "line 151"]
     assert ("line 91", "d3", f"duplicate id 'd3': first seen at {corpus} line 4") in r_errors
-    assert r_ids == l_ids and len(r_ids) == 156 and np.abs(r_emb - l_emb).max() <= 1e-6
-    assert r_meta["embedcli.skipped_rows"] == l_meta["embedcli.skipped_rows"] == "4"
+    assert r_ids == l_ids and len(r_ids) == 155 and np.abs(r_emb - l_emb).max() <= 1e-6
+    assert r_meta["embedcli.skipped_rows"] == l_meta["embedcli.skipped_rows"] == "5"
     r = cli("embed", corpus, "-m", st_model, "-o", tmp_path / "m.parquet", "--shard-rows", 40, "--on-error", "skip",
             "--max-errors", 2, *ray_flags(driver), code=1)
     assert "more than 2 bad rows (--max-errors 2)" in r.stderr  # passed in the fourth slice
@@ -166,6 +169,31 @@ def test_incremental_slices_carry_a_changed_blocks_unchanged_lines(cli, st_model
     cli("embed", changed, "-m", st_model, "-o", full, *flags)
     for suffix in ("", ".embedcli-index.parquet"):
         assert Path(f"{out}{suffix}").read_bytes() == Path(f"{full}{suffix}").read_bytes()
+
+
+def test_a_slice_ending_inside_an_unchanged_file_counts_its_row_groups_once(cli, st_model: Path, tmp_path: Path,
+                                                                            driver) -> None:  # type: ignore[no-untyped-def]
+    """Under `--incremental` a slice that stops at a row group of a file unchanged since the last run reads it up to
+    there (its first row group carried over): the file's row groups are counted once, as a full run counts them,
+    so the output and row index (its input units) are the bytes of a full run, and the next rerun carries them."""
+    def parquet(path: Path, prefix: str, n: int, groups: int, changed: int = -1) -> None:
+        texts = [f"{prefix} row {i}" + (" changed" if i == changed else "") for i in range(n)]
+        pq.write_table(pa.table({"id": [f"{prefix}{i}" for i in range(n)], "text": texts}), path, row_group_size=groups)
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    parquet(a, "a", 200, 100)
+    parquet(b, "b", 300, 200)  # row groups of 200 and 100 rows: slices of 100 records stop at the second
+    out = tmp_path / "ray.parquet"
+    flags = ("-m", st_model, "--shard-rows", 100, "-q")
+    cli("embed", a, b, "-o", out, *flags, *ray_flags(driver))
+    parquet(a, "a", 200, 100, changed=150)
+    for k, computed in enumerate((1, 0)):  # the changed row; then none (nothing changed since)
+        cli("embed", a, b, "-o", out, *flags, "--incremental", "--stats", tmp_path / "s.json", *ray_flags(driver))
+        assert json.loads((tmp_path / "s.json").read_text())["computed_rows"] == computed
+        full = tmp_path / f"full{k}.parquet"
+        cli("embed", a, b, "-o", full, *flags)
+        for suffix in ("", ".embedcli-index.parquet"):
+            assert Path(f"{out}{suffix}").read_bytes() == Path(f"{full}{suffix}").read_bytes()
 
 
 def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path, corpus: Path, tmp_path: Path,

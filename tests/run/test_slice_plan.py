@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from embedcli.io.positions import ReadPoint
-from embedcli.run.slices import plan_slices, slice_rows
+from embedcli.run.slices import FirstBatch, first_batch, plan_slices, slice_rows
 from embedcli.run.source import BatchSource, InputOptions
 
 
@@ -40,7 +40,7 @@ def _corpus(path: Path, n: int) -> Path:
 def test_slices_start_at_lines(tmp_path: Path, n: int, rows: int, workers: int, starts: list[int]) -> None:
     path = str(_corpus(tmp_path / "c.jsonl", n))
     source = BatchSource(InputOptions([path]))
-    plan = plan_slices(source, [path], rows, workers=workers, state=dict)
+    plan = plan_slices(source, [path], rows, workers=workers, first=lambda: FirstBatch({}))
     assert [0 if s.start is None else s.start.line for s in plan] == starts
     assert [s.records for s in plan] == [b - a for a, b in zip(starts, [*starts[1:], n], strict=True)]
     data = Path(path).read_bytes()
@@ -48,7 +48,7 @@ def test_slices_start_at_lines(tmp_path: Path, n: int, rows: int, workers: int, 
         assert s.start is not None and data[s.start.pos - 1:s.start.pos] == b"\n"  # a line's start
         assert data[:s.start.pos].count(b"\n") == s.start.line
     # Resumed from the end of the second slice: the rest as the first run cut it.
-    rest = plan_slices(source, [path], rows, workers=workers, begin=plan[1].end, state=dict)
+    rest = plan_slices(source, [path], rows, workers=workers, begin=plan[1].end, first=lambda: FirstBatch({}))
     assert [(s.start, s.stop) for s in rest] == [(s.start, s.stop) for s in plan[2:]]
 
 
@@ -58,6 +58,26 @@ def test_a_resume_point_between_cuts_starts_the_rest(tmp_path: Path) -> None:
     source = BatchSource(InputOptions([path]))
     data = Path(path).read_bytes()
     pos = len(b"".join(data.splitlines(keepends=True)[:130]))
-    rest = plan_slices(source, [path], 100, begin=ReadPoint(0, pos, 130), state=dict)
+    rest = plan_slices(source, [path], 100, begin=ReadPoint(0, pos, 130), first=lambda: FirstBatch({}))
     assert rest[0].start is not None and (rest[0].start.pos, rest[0].start.line) == (pos, 130)
     assert [s.start.line for s in rest if s.start is not None] == [130, 224]
+
+
+@pytest.mark.parametrize(("bad", "starts"), [
+    (0, [0, 112, 224]),   # the first batch (100 rows) ends at line 112: a cut there stays
+    (20, [0, 224]),       # 20 malformed lines first: it ends at line 128, past the cut at 112
+])
+def test_no_slice_starts_inside_the_first_batch(tmp_path: Path, bad: int, starts: list[int]) -> None:
+    """A whole run fixes the types (and so the line identities of its row index) after its first batch: a
+    slice starting inside it would give its rows identities a whole run does not."""
+    path = tmp_path / "c.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(300):
+            f.write("{not json\n" if i < bad else json.dumps({"id": f"r{i}", "text": f"row {i}"}) + "\n")
+    source = BatchSource(InputOptions([str(path)]))
+    first = first_batch(source, [str(path)], 100, None)
+    assert first.end is not None and first.end.line == (112 if bad == 0 else 128)
+    plan = plan_slices(source, [str(path)], 100, workers=2, first=lambda: first)
+    assert [0 if s.start is None else s.start.line for s in plan] == starts
+    assert sum(s.records or 0 for s in plan) == 300
+    assert all(s.start.state for s in plan[1:] if s.start is not None)  # the types the first batch fixed
