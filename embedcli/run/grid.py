@@ -69,6 +69,15 @@ class Grid:
         """Cells between cuts (at least 1)."""
         return max(1, -(-sum(self.sizes) // self.segment))
 
+    def first(self) -> dict[int, list[int]]:
+        """The first cut alone (file -> [position]; empty: none). Every run ends a batch there, `--incremental`
+        and `--engine ray` included: the first batch fixes a JSON input's types, so it must end where a whole run's
+        does, or a rerun types a column otherwise (and gives line identities elsewhere) than a full run."""
+        if not self.cuts:
+            return {}
+        f = min(self.cuts)
+        return {f: [min(self.cuts[f])]}
+
     def locate(self, cell: int) -> tuple[int, int] | None:
         """(file, byte offset in it) where cell `cell` starts; None for the end of the inputs."""
         if cell <= 0:
@@ -82,8 +91,10 @@ class Grid:
         return None
 
 
-def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int = BLOCK_LINES) -> Grid | None:
-    """The cuts of inputs `paths` (None when one is stdin or cannot be sized); `block`: lines of a block."""
+def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int = BLOCK_LINES,
+            first_only: bool = False) -> Grid | None:
+    """The cuts of inputs `paths` (None when one is stdin or cannot be sized); `block`: lines of a block;
+    `first_only`: the first cut alone (`Grid.first`), none of the others located."""
     if any(p == STDIN for p in paths):
         return None
     try:
@@ -106,6 +117,8 @@ def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int
             grid.cuts.setdefault(f, []).append(parquet_row(path, offset, block))
         else:
             grid.cuts.setdefault(f, []).append(offset)
+        if first_only:
+            break
     return grid
 
 

@@ -80,7 +80,7 @@ def shard_source(source: Any, shard: str, flags: RunFlags, chars: int | None) ->
     start: ReadPoint | None = None
     empty = a >= b
     if not empty and a > 0:
-        first = first_batch(source, paths, min(source.inputs.batch_rows, flags.shard_rows), chars)
+        first = first_batch(source, paths, min(source.inputs.batch_rows, flags.shard_rows), chars, grid.cuts)
         start = start_point(paths, fmts, grid.locate(a), {"spec": first.state}, block)
         empty = start is None
     stop = stop_point(paths, fmts, grid.locate(b), block) if b < grid.cells else None

@@ -98,6 +98,7 @@ class SliceWork:
     previous: str | None = None  # --incremental: the previous output (opened once per worker)
     batch_chars: int | None = None  # the text cap of a batch (the run loop's, from the engine's token budget)
     fingerprints: list[dict[str, Any]] | None = None  # the inputs' (for carrying blocks and files over unread)
+    cuts: dict[int, list[int]] = field(default_factory=dict)  # where a batch must end (the first grid cut)
     id_words: list[str] = field(default_factory=list)  # what each input's numbers count ("line", "row")
     cwd: str = field(default_factory=os.getcwd)
     _carry: Carry | None = field(default=None, repr=False, compare=False)
@@ -173,7 +174,7 @@ class SliceWork:
 
         def open_reader(on_bad: Any) -> Any:
             reader = source.open(self.paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=self.batch_chars,
-                                 start=piece.start, stop=piece.stop, fingerprints=self.fingerprints,
+                                 start=piece.start, stop=piece.stop, cuts=self.cuts, fingerprints=self.fingerprints,
                                  carry_blocks=carry_blocks, carry_units=carry_units, carry_lines=carry_lines)
             specs.append(reader.spec)
             return reader

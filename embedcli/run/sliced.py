@@ -36,6 +36,7 @@ from embedcli.io.readers import detect_format
 from embedcli.io.shard_files import drop_rows
 from embedcli.io.shards import RowsOut, ShardStore
 from embedcli.run.checks import LOCATED
+from embedcli.run.grid import grid_of
 from embedcli.run.ids import IdSet
 from embedcli.run.incremental import Carry
 from embedcli.run.job import Sink, SliceEngine
@@ -76,6 +77,7 @@ class SlicedRun:
         self.source = source
         self.paths: list[str] = list(p.paths or source.paths())
         self._group_ends: dict[int, np.ndarray] = {}
+        self.first_cut: dict[int, list[int]] = {}  # the inputs' first grid cut (`plan`)
         self._files: dict[str, int] | None = None  # each input's shown name -> its index (`_input_order`)  # a Parquet input's row-group ends, read once (`_group_of`)
         if "-" in self.paths:
             raise UsageError("--engine ray reads its inputs on the workers, which cannot read this process's stdin: "
@@ -84,13 +86,17 @@ class SlicedRun:
     def plan(self) -> list[InputSlice]:
         """The slices still to do (from where the committed ones end)."""
         source, paths, begin = self.source, self.paths, self.start
+        batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
+        block = min(BLOCK_LINES, batch_rows)
+        if self.p.fingerprints is not None:  # the first batch ends where a local run's does (`Grid.first`)
+            grid = grid_of(paths, source.inputs.fmt, self.chars, block, first_only=True)
+            self.first_cut = grid.first() if grid is not None else {}
         self.pointed = sliceable(source, paths)
         if not self.pointed:  # a --shard or repair range: one slice (its source bounds what it reads)
             return [InputSlice(0, begin, None)]
-        batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         return plan_slices(source, paths, self.flags.shard_rows, workers=self.engine.parallelism, begin=begin,
-                           first=lambda: first_batch(source, paths, batch_rows, self.chars),
-                           block=min(BLOCK_LINES, batch_rows))
+                           first=lambda: first_batch(source, paths, batch_rows, self.chars, self.first_cut),
+                           block=block)
 
     def work(self) -> SliceWork:
         """What every worker does with a slice."""
@@ -102,7 +108,7 @@ class SlicedRun:
         fingerprints = [dict(f) for f in p.fingerprints] if p.fingerprints is not None else None
         return SliceWork(self.source, self.paths, p.job.codec, self.flags, dict(p.meta),
                          self.store.root if self.store is not None else None, previous, self.chars,
-                         fingerprints=fingerprints, id_words=list(self.ids.words))
+                         fingerprints=fingerprints, id_words=list(self.ids.words), cuts=self.first_cut)
 
     def run(self) -> None:
         """Plan, hand out, commit in order."""

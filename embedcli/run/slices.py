@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,13 +94,16 @@ class FirstBatch:
     end: ReadPoint | None = None
 
 
-def first_batch(source: BatchSource, paths: Sequence[str], batch_rows: int, batch_chars: int | None) -> FirstBatch:
-    """Read the inputs' first batches alone, up to the one that settles the readers' types (`FirstBatch`).
+def first_batch(source: BatchSource, paths: Sequence[str], batch_rows: int, batch_chars: int | None,
+                cuts: Mapping[int, Sequence[int]] | None = None) -> FirstBatch:
+    """Read the inputs' first batches alone (`cuts`: where a batch must end, as the run's), up to the one that
+    settles the readers' types (`FirstBatch`).
 
     A slice starting inside that stretch would read its rows with the types already fixed, where a whole run
     reads them before: the same rows, but with the line identities (the row index's `line`) a whole run
     cannot give them yet, and types fixed from fewer rows when the first slice ends inside it."""
-    reader: Any = source.open(paths, batch_rows=batch_rows, on_bad_row=lambda e: None, batch_chars=batch_chars)
+    reader: Any = source.open(paths, batch_rows=batch_rows, on_bad_row=lambda e: None, batch_chars=batch_chars,
+                              cuts=cuts)
     end = ReadPoint(len(paths), 0, 0)  # read to the end unsettled: one slice
     try:
         for batch in reader:

@@ -196,6 +196,34 @@ def test_a_slice_ending_inside_an_unchanged_file_counts_its_row_groups_once(cli,
             assert Path(f"{out}{suffix}").read_bytes() == Path(f"{full}{suffix}").read_bytes()
 
 
+def test_slices_type_the_first_batch_as_a_local_run(cli, st_model: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
+    """The inputs' first cut (256 KiB in: rows with a big field not read) ends a local run's first batch, whose
+    rows fix the kept column's type (null so far: text): a Ray run and its `--incremental` rerun end theirs
+    there too, so they type it and index its rows as the local run does."""
+    def write(changed: int) -> Path:
+        path = tmp_path / "in.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            for i in range(400):
+                f.write(json.dumps({"id": f"r{i}", "text": f"row {i}" + (" changed" if i == changed else ""),
+                                    "meta": "m" * 4000, "k": None if i < 100 else i}) + "\n")
+        return path
+
+    flags = ("-m", st_model, "--keep-cols", "k", "--shard-rows", 200, "-q")
+    out = tmp_path / "ray.parquet"
+    cli("embed", write(-1), "-o", out, *flags, *ray_flags(driver))
+    local = tmp_path / "local.parquet"
+    cli("embed", write(-1), "-o", local, *flags)
+    assert pq.read_schema(local).field("k").type == pa.string()
+    assert pq.read_schema(out).field("k").type == pa.string()
+    index = [pq.read_table(f"{p}.embedcli-index.parquet").column("line") for p in (out, local)]
+    assert index[0].equals(index[1])
+    cli("embed", write(300), "-o", out, *flags, "--incremental", *ray_flags(driver))
+    full = tmp_path / "full.parquet"
+    cli("embed", write(300), "-o", full, *flags)
+    for suffix in ("", ".embedcli-index.parquet"):
+        assert Path(f"{out}{suffix}").read_bytes() == Path(f"{full}{suffix}").read_bytes()
+
+
 def test_a_run_staged_by_the_local_engine_resumes_under_ray(cli, st_model: Path, corpus: Path, tmp_path: Path,
                                                             driver, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The local engine's manifest records read points as this one's: the rest is planned from the last one."""

@@ -20,6 +20,7 @@ import pytest
 
 from embedcli.io.manifest import Manifest, staging_dir
 from embedcli.run import BatchSource, InputOptions, Job, Reporting, RunFlags, Target, run_job
+from embedcli.run.source import kept_columns
 
 
 @dataclass
@@ -64,10 +65,12 @@ class Codec:
 
     def table(self, batch: Any, result: Any) -> Any:
         flat = pa.array(np.asarray(result, np.float32).reshape(-1), pa.float32())
-        return pa.table({"id": pa.array(batch.ids, pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(flat, 2)})
+        kept = kept_columns(batch, list(getattr(batch, "columns", {})))  # as the embed codec keeps them
+        return pa.table({"id": pa.array(batch.ids, pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(flat, 2),
+                         **kept})
 
     def empty(self) -> Any:
-        return self.table(type("B", (), {"ids": []})(), np.zeros((0, 2), np.float32))
+        return self.table(type("B", (), {"ids": [], "columns": {}})(), np.zeros((0, 2), np.float32))
 
 
 META = {"embedcli.model": "fake", "embedcli.model_hash": "m1", "embedcli.config": "{}", "embedcli.config_hash": "c1"}
@@ -75,7 +78,7 @@ META = {"embedcli.model": "fake", "embedcli.model_hash": "m1", "embedcli.config"
 
 def job(paths: list[Path], out: Path, engine: Engine, stats: Path, **flags: Any) -> Job:
     return Job(
-        source=BatchSource(InputOptions([str(p) for p in paths], batch_rows=64)),
+        source=BatchSource(InputOptions([str(p) for p in paths], batch_rows=64, keep_cols=flags.pop("keep_cols", []))),
         engine=engine,
         codec=Codec(),
         provenance=dict(META),
@@ -272,6 +275,40 @@ def test_a_shard_directory_with_an_older_shard_index_carries_lines_where_it_can(
     run([src], tmp_path / "full.parquet", tmp_path)
     assert again["computed_rows"] == 2 and 64 + 2 + 15 <= again["rows_read"] <= 64 + 2 + 16
     assert pq.read_table(tmp_path / "out.parquet").equals(pq.read_table(tmp_path / "full.parquet"))
+
+
+@dataclass
+class BudgetEngine(Engine):
+    """An engine with a token budget: batches of at most 1 KiB of text, cuts every 8 KiB of input."""
+
+    max_batch_tokens: int = 64
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_the_first_batch_ends_at_the_first_cut_in_a_rerun_too(tmp_path: Path, previous: bool) -> None:
+    """A full run ends a batch at the inputs' first cut (8 KiB in: rows with a big field not read); its first
+    batch fixes the kept column's type (null so far: text). An `--incremental` rerun, which drops the other
+    cuts, keeps that one: the same type and row index as a full run, not a column typed from more rows."""
+    def write(changed: int) -> Path:
+        return write_jsonl_records(tmp_path / "in.jsonl", [
+            {"id": f"r{i}", "text": f"row {i}" + (" changed" if i == changed else ""), "meta": "m" * 500,
+             "k": None if i < 40 else i} for i in range(120)])
+
+    out, full = tmp_path / "out.parquet", tmp_path / "full.parquet"
+    run([write(-1)], out, tmp_path, BudgetEngine(), keep_cols=["k"])
+    src = write(90)
+    flags: dict[str, Any] = {"incremental": True, **({"previous": str(out)} if previous else {})}
+    rerun = tmp_path / "rerun.parquet" if previous else out
+    run([src], rerun, tmp_path, BudgetEngine(), keep_cols=["k"], **flags)
+    run([src], full, tmp_path, BudgetEngine(), keep_cols=["k"])
+    assert pq.read_schema(full).field("k").type == pa.string()  # typed by the rows before the cut
+    for suffix in ("", ".embedcli-index.parquet"):
+        assert Path(f"{rerun}{suffix}").read_bytes() == Path(f"{full}{suffix}").read_bytes()
+
+
+def write_jsonl_records(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
 
 
 def test_many_one_row_files_share_forwards(tmp_path: Path) -> None:
