@@ -29,8 +29,12 @@ ROOT = HERE.parent.parent
 STARTUP_S = 90
 
 # Read by Ray when it is imported (before any test module here imports it): every driver of the session,
-# this process included, authenticates to the test cluster with a token made for the session.
+# this process included, authenticates to the test cluster with a token made for the session. An xdist
+# worker makes its own (it inherits the controller's environment): each worker's cluster has its own, so
+# the actors a test finds by it (`RayCluster.worker_pids`) are its cluster's, not the other worker's.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -58,9 +62,23 @@ class RayCluster:
                 found.append((int(entry.name), cmd))
         return found
 
-    def worker_pids(self, *, busy: bool = False) -> list[int]:
-        """The processes running the Ray Data engine's actors (`ray::MapWorker(...)`); `busy`: only those doing
-        a task now (Ray titles an actor's process `ray::MapWorker(...).submit` while it runs one)."""
+    @staticmethod
+    def busy(pids: list[int]) -> list[int]:
+        """Those of actor processes `pids` doing a task now (Ray titles an actor's process
+        `ray::MapWorker(...).submit` while it runs one): their titles alone read, so a slice of a few
+        milliseconds is caught where a scan of every process would miss it."""
+        found = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().decode("utf-8", "replace").rstrip("\0 ").endswith(".submit"):
+                        found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def worker_pids(self) -> list[int]:
+        """The processes running the Ray Data engine's actors (`ray::MapWorker(...)`)."""
         pids = []
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -71,8 +89,6 @@ class RayCluster:
                 with open(f"/proc/{entry.name}/environ", "rb") as f:
                     env = f.read()
             except OSError:
-                continue
-            if busy and not cmd.rstrip("\0 ").endswith(".submit"):
                 continue
             if cmd.startswith("ray::MapWorker") and self.env["RAY_AUTH_TOKEN"].encode() in env:
                 pids.append(int(entry.name))

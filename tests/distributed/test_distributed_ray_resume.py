@@ -57,11 +57,11 @@ def _wait_for_commits(proc: subprocess.Popen[str], out: Path, shards: int, timeo
 
 
 def _wait_for(seen: Callable[[], Any], proc: subprocess.Popen[str], what: str, timeout: float = 60) -> Any:
-    """`seen()` once it is true, checked every 5 ms while the run goes on."""
+    """`seen()` once it is true, checked every millisecond while the run goes on."""
     deadline = time.monotonic() + timeout
     while not (found := seen()):
         assert proc.poll() is None and time.monotonic() < deadline, f"{what} not seen while the run went on"
-        time.sleep(0.005)
+        time.sleep(0.001)
     return found
 
 
@@ -80,10 +80,13 @@ def test_a_killed_worker_or_driver_costs_only_its_slices(cli, st_model: Path, tm
 
     # A worker (an actor's process) killed mid-run: Ray restarts it, its slice is done again, the run ends well.
     out = tmp_path / "worker.parquet"
+    before = set(ray_cluster.worker_pids())  # actors of earlier in-process runs of the session may live on
     proc = _start(out, corpus, st_model, ray_cluster, tmp_path / "w.json")
+    # this run's actors, found as they start (a scan of every process is slow beside a run of short slices)
+    pids = _wait_for(lambda: (p if len(p := [x for x in ray_cluster.worker_pids() if x not in before]) == 2 else None),
+                     proc, "two workers")
     _wait_for_commits(proc, out, 2)
-    _wait_for(lambda: len(ray_cluster.worker_pids()) == 2, proc, "two workers")  # a model copy on each node
-    victim = _wait_for(lambda: ray_cluster.worker_pids(busy=True), proc, "a worker doing a slice")[0]
+    victim = _wait_for(lambda: ray_cluster.busy(pids), proc, "a worker doing a slice")[0]
     os.kill(victim, signal.SIGKILL)  # mid-slice: its task is lost with it
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
