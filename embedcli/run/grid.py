@@ -15,7 +15,7 @@ slice K of N is cells `[K*C//N, (K+1)*C//N)` of the C cells, read from the cut t
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,13 +92,18 @@ class Grid:
 
 
 def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int = BLOCK_LINES,
-            first_only: bool = False) -> Grid | None:
+            first_only: bool = False, fingerprints: Sequence[Mapping[str, Any]] | None = None) -> Grid | None:
     """The cuts of inputs `paths` (None when one is stdin or cannot be sized); `block`: lines of a block;
-    `first_only`: the first cut alone (`Grid.first`), none of the others located."""
+    `first_only`: the first cut alone (`Grid.first`), none of the others located; `fingerprints`: the inputs'
+    (`embedcli.io.fingerprint`), whose sizes spare a stat (a store request, for an object) per input."""
     if any(p == STDIN for p in paths):
         return None
     try:
-        sizes = [_size(p) for p in paths]
+        known = [n for fp in fingerprints or () if isinstance(n := fp.get("size"), int)]
+        if len(known) == len(paths) and fingerprints is not None and len(fingerprints) == len(paths):
+            sizes = known
+        else:
+            sizes = [_size(p) for p in paths]
     except (OSError, InputError):
         return None
     fmts = [detect_format(p, fmt) for p in paths]

@@ -256,7 +256,8 @@ class Pipeline:
         block = min(BLOCK_LINES, batch_rows)
         # The cuts make a run's batches those of its --shard slices; --incremental (which --shard refuses)
         # keeps the first alone (`Grid.first`), so rows to compute 1% apart fill forwards as appended rows do.
-        grid = grid_of(self.paths or [], source.inputs.fmt, chars, block) if self.fingerprints is not None else None
+        grid = (grid_of(self.paths or [], source.inputs.fmt, chars, block, fingerprints=self.fingerprints)
+                if self.fingerprints is not None else None)
         cuts = None if grid is None else grid.cuts if self.carry.previous is None else grid.first()
         run: dict[str, Any] = {
             "start": start, "cuts": cuts, "fingerprints": self.fingerprints,

@@ -89,7 +89,8 @@ class SlicedRun:
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         block = min(BLOCK_LINES, batch_rows)
         if self.p.fingerprints is not None:  # the first batch ends where a local run's does (`Grid.first`)
-            grid = grid_of(paths, source.inputs.fmt, self.chars, block, first_only=True)
+            grid = grid_of(paths, source.inputs.fmt, self.chars, block, first_only=True,
+                           fingerprints=self.p.fingerprints)
             self.first_cut = grid.first() if grid is not None else {}
         self.pointed = sliceable(source, paths)
         if not self.pointed:  # a --shard or repair range: one slice (its source bounds what it reads)
