@@ -69,15 +69,6 @@ class Grid:
         """Cells between cuts (at least 1)."""
         return max(1, -(-sum(self.sizes) // self.segment))
 
-    def first(self) -> dict[int, list[int]]:
-        """The first cut alone (file -> [position]; empty: none). Every run ends a batch there, `--incremental`
-        and `--engine ray` included: the first batch fixes a JSON input's types, so it must end where a whole run's
-        does, or a rerun types a column otherwise (and gives line identities elsewhere) than a full run."""
-        if not self.cuts:
-            return {}
-        f = min(self.cuts)
-        return {f: [min(self.cuts[f])]}
-
     def locate(self, cell: int) -> tuple[int, int] | None:
         """(file, byte offset in it) where cell `cell` starts; None for the end of the inputs."""
         if cell <= 0:
@@ -94,13 +85,17 @@ class Grid:
 def grid_of(paths: Sequence[str], fmt: str | None, chars: int | None, block: int = BLOCK_LINES,
             first_only: bool = False, fingerprints: Sequence[Mapping[str, Any]] | None = None) -> Grid | None:
     """The cuts of inputs `paths` (None when one is stdin or cannot be sized); `block`: lines of a block;
-    `first_only`: the first cut alone (`Grid.first`), none of the others located; `fingerprints`: the inputs'
-    (`embedcli.io.fingerprint`), whose sizes spare a stat (a store request, for an object) per input."""
+    `fingerprints`: the inputs' (`embedcli.io.fingerprint`), whose sizes spare a stat (a store request, for an
+    object) per input.
+
+    `first_only`: the first cut alone, none of the others located. Every run ends a batch there, `--incremental`
+    and `--engine ray` included: the first batch fixes a JSON input's types, so it must end where a whole run's
+    does, or a rerun types a column otherwise (and gives line identities elsewhere) than a full run."""
     if any(p == STDIN for p in paths):
         return None
     try:
         known = [n for fp in fingerprints or () if isinstance(n := fp.get("size"), int)]
-        if len(known) == len(paths) and fingerprints is not None and len(fingerprints) == len(paths):
+        if len(known) == len(paths) == len(fingerprints or ()):  # every input's size known
             sizes = known
         else:
             sizes = [_size(p) for p in paths]

@@ -255,12 +255,12 @@ class Pipeline:
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         block = min(BLOCK_LINES, batch_rows)
         # The cuts make a run's batches those of its --shard slices; --incremental (which --shard refuses)
-        # keeps the first alone (`Grid.first`), so rows to compute 1% apart fill forwards as appended rows do.
-        grid = (grid_of(self.paths or [], source.inputs.fmt, chars, block, fingerprints=self.fingerprints)
+        # keeps the first alone (`grid_of`), so rows to compute 1% apart fill forwards as appended rows do.
+        grid = (grid_of(self.paths or [], source.inputs.fmt, chars, block, first_only=self.carry.previous is not None,
+                        fingerprints=self.fingerprints)
                 if self.fingerprints is not None else None)
-        cuts = None if grid is None else grid.cuts if self.carry.previous is None else grid.first()
         run: dict[str, Any] = {
-            "start": start, "cuts": cuts, "fingerprints": self.fingerprints,
+            "start": start, "cuts": grid.cuts if grid is not None else None, "fingerprints": self.fingerprints,
             "carry_blocks": self.carry_blocks, "carry_units": self.carry_units, "carry_lines": self.carry_lines,
         }
 

@@ -76,9 +76,9 @@ class SlicedRun:
             raise UsageError("--engine ray reads its inputs on the workers: it needs input files")
         self.source = source
         self.paths: list[str] = list(p.paths or source.paths())
-        self._group_ends: dict[int, np.ndarray] = {}
+        self._group_ends: dict[int, np.ndarray] = {}  # a Parquet input's row-group ends, read once (`_group_of`)
         self.first_cut: dict[int, list[int]] = {}  # the inputs' first grid cut (`plan`)
-        self._files: dict[str, int] | None = None  # each input's shown name -> its index (`_input_order`)  # a Parquet input's row-group ends, read once (`_group_of`)
+        self._files: dict[str, int] | None = None  # each input's shown name -> its index (`_input_order`)
         if "-" in self.paths:
             raise UsageError("--engine ray reads its inputs on the workers, which cannot read this process's stdin: "
                              "write it to a file first (or drop --engine ray)")
@@ -88,10 +88,10 @@ class SlicedRun:
         source, paths, begin = self.source, self.paths, self.start
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         block = min(BLOCK_LINES, batch_rows)
-        if self.p.fingerprints is not None:  # the first batch ends where a local run's does (`Grid.first`)
+        if self.p.fingerprints is not None:  # the first batch ends where a local run's does (`grid_of`)
             grid = grid_of(paths, source.inputs.fmt, self.chars, block, first_only=True,
                            fingerprints=self.p.fingerprints)
-            self.first_cut = grid.first() if grid is not None else {}
+            self.first_cut = grid.cuts if grid is not None else {}
         self.pointed = sliceable(source, paths)
         if not self.pointed:  # a --shard or repair range: one slice (its source bounds what it reads)
             return [InputSlice(0, begin, None)]

@@ -212,12 +212,11 @@ def plan_slices(
         settled = first()
         if settled.end is not None:
             end = settled.end.order()
-            merged = points[0][1]
             kept = [points[0]]
             for p, n in points[1:]:
-                if p.order() < end:  # inside the first batch: counted with the slice before
-                    merged = None if merged is None or n is None else merged + n
-                    kept[0] = (kept[0][0], merged)
+                if p.order() < end:  # inside the first batch: its records counted with the inputs' start
+                    head, held = kept[0]
+                    kept[0] = (head, None if held is None or n is None else held + n)
                 else:
                     kept.append((p, n))
             points = kept
