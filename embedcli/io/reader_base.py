@@ -111,6 +111,11 @@ def kept_arrays(
     return out
 
 
+BATCH_RECORDS_PER_ROW = 8
+"""A batch spans at most this many times its rows in records (rows carried over unread count, and bad rows):
+every reader of a run's inputs (the run's, the planner's, a Ray worker's) ends its batches at the same records."""
+
+
 @dataclass
 class ReadSpec:
     text_col: str
@@ -124,7 +129,7 @@ class ReadSpec:
     kept_types: dict[str, pa.DataType] = field(default_factory=dict)  # the run's type of each kept column
     id_type: pa.DataType | None = None  # the run's id type, fixed by the first input that has ids
     null_kept: set[str] = field(default_factory=set)  # kept columns whose first batch was all null (text columns)
-    batch_records: int = 1 << 13  # a batch also ends once it accounts for this many records (rows carried over too)
+    batch_records: int = 1 << 13  # a batch also ends at this many records (`read_inputs`: its rows x BATCH_RECORDS_PER_ROW)
     # `--incremental`: identity -> (first row, rows) in the previous output of a block / a file or row group
     carry_blocks: Mapping[bytes, tuple[int, int]] | None = None
     carry_units: Mapping[bytes, tuple[int, int]] | None = None

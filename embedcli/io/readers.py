@@ -39,7 +39,14 @@ from embedcli.io.positions import (
     digest,
     identity,
 )
-from embedcli.io.reader_base import BadRowHandler, InputBatch, ReadSpec, compression_of, without_compression
+from embedcli.io.reader_base import (
+    BATCH_RECORDS_PER_ROW,
+    BadRowHandler,
+    InputBatch,
+    ReadSpec,
+    compression_of,
+    without_compression,
+)
 from embedcli.io.text_reader import read_txt
 
 __all__ = [
@@ -199,6 +206,7 @@ def read_inputs(
         batch_rows=batch_rows,
         on_bad_row=on_bad_row,
         batch_chars=batch_chars,
+        batch_records=batch_rows * BATCH_RECORDS_PER_ROW,
         carry_blocks=carry_blocks,
         carry_lines=carry_lines,
         block_lines=min(BLOCK_LINES, batch_rows),

@@ -24,7 +24,6 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import pyarrow as pa
@@ -43,11 +42,12 @@ from embedcli.io.manifest import KEY_CONFIG_KEY, KEY_INPUT_OPTIONS, KEY_INPUTS, 
 from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.readers import detect_format
 from embedcli.io.units import InputUnits
-from embedcli.run.checks import RowChecks, Work, joined, read_work
+from embedcli.run.checks import RowChecks, Work, read_work
 from embedcli.run.grid import batch_chars, grid_of
 from embedcli.run.ids import IdSet
 from embedcli.run.incremental import Carry, count_units, open_previous
 from embedcli.run.job import Job, Rows, Sink, SliceEngine
+from embedcli.run.pools import Pool, pooled
 from embedcli.run.report import RunReport, write_stats
 from embedcli.run.signals import StopFlag, StopNow
 from embedcli.run.sinks import StdoutSink
@@ -57,45 +57,6 @@ from embedcli.run.staging import run_staged
 from embedcli.run.store_run import run_store
 from embedcli.run.target import check_target, resolve_output
 from embedcli.startup import resume
-
-# A reader's batch spans at most this many times a batch's rows in records (rows carried over unread count),
-# and a pool at most POOL_RECORDS_PER_ROW times: a stretch carried over commits now and then, while rows
-# to compute 1% apart still fill a pool's forwards as rows appended together do.
-BATCH_RECORDS_PER_ROW = 8
-POOL_RECORDS_PER_ROW = 64
-
-
-@dataclass
-class Pool:
-    """Consecutive work items whose rows to compute go to the engine as one batch: the loop's unit of
-    work (progress, `--commit-every` and a clean stop act between pools)."""
-
-    works: list[Work]
-    compute: Any = None
-    compute_rows: int = 0
-    records: int = 0
-
-
-def pooled(works: Iterable[Work], rows: int, chars: int | None, records: int) -> Iterator[Pool]:
-    """Work items grouped into pools: a pool closes after the work item that brings its rows to compute to
-    `rows` rows or `chars` characters of text, its records to `records`, or that ends at a cut of the run
-    (`embedcli.run.grid`). Rows to compute scattered over many batches or files share forwards; the cut
-    depends on the data (and the previous output) only, so a resumed run pools the same rows."""
-    current: list[Work] = []
-    n_rows = n_chars = n_records = 0
-    for work in works:
-        current.append(work)
-        compute = work.compute
-        if compute is not None:
-            n_rows += len(compute)
-            if chars is not None:
-                n_chars += sum(len(t) for t in compute.texts if t is not None)
-        n_records += work.records
-        if work.grid_end or n_rows >= rows or (chars is not None and n_chars >= chars) or n_records >= records:
-            yield Pool(current, joined(current), n_rows, n_records)
-            current, n_rows, n_chars, n_records = [], 0, 0, 0
-    if current:
-        yield Pool(current, joined(current), n_rows, n_records)
 
 
 class Pipeline:
@@ -266,7 +227,6 @@ class Pipeline:
 
         def open_reader(on_bad: Any) -> Any:
             reader = source.open(self.paths, batch_rows=batch_rows, on_bad_row=on_bad, batch_chars=chars, **run)
-            reader.spec.batch_records = batch_rows * BATCH_RECORDS_PER_ROW
             self._reader_spec = reader.spec
             return reader
 
@@ -295,7 +255,7 @@ class Pipeline:
                 open_reader=self._open_reader(start, chars) if self.source is not None else None,
                 unread_index=previous.id_rows if previous is not None and previous.has_ids() else None,
             )
-            for pool in pooled(works, batch_rows, chars, batch_rows * POOL_RECORDS_PER_ROW):
+            for pool in pooled(works, batch_rows, chars):
                 held.append(pool)
                 yield codec.inputs(pool.compute) if pool.compute is not None else []
 

@@ -28,11 +28,12 @@ from embedcli.io.previous import PreviousOutput
 from embedcli.io.shard_files import ShardWriter
 from embedcli.io.shards import WrittenShard, resolve_rows
 from embedcli.io.units import InputUnits
-from embedcli.run.checks import RowChecks, Work, read_work
+from embedcli.run.checks import RowChecks, read_work
 from embedcli.run.flags import RunFlags
 from embedcli.run.ids import IdSet
 from embedcli.run.incremental import Carry, count_units
 from embedcli.run.job import Rows
+from embedcli.run.pools import Pool, pooled
 from embedcli.run.report import ERRORS_SHOWN
 from embedcli.run.slices import InputSlice
 from embedcli.run.source import BatchSource
@@ -166,7 +167,7 @@ class SliceWork:
         # ids repeated inside the slice: the local loop's checks (the driver checks them across slices)
         checks = RowChecks(flags, 0, IdSet(self.paths, self.id_words))
         batch_rows = min(source.inputs.batch_rows, flags.shard_rows)
-        held: deque[Work] = deque()
+        held: deque[Pool] = deque()
         hashes: list[np.ndarray] = []
         locations: list[np.ndarray] = []
 
@@ -182,15 +183,15 @@ class SliceWork:
         def inputs() -> Iterator[Any]:
             works = read_work((), carry.split, result.seconds, checks, open_reader=open_reader,
                               unread_index=previous.id_rows if previous is not None and previous.has_ids() else None)
-            for work in works:
-                held.append(work)
-                yield self.codec.inputs(work.compute) if work.compute is not None else []
+            for pool in pooled(works, batch_rows, self.batch_chars):  # the local loop's pools, so its forwards
+                held.append(pool)
+                yield self.codec.inputs(pool.compute) if pool.compute is not None else []
 
         for output in engine.map(inputs()):
-            work = held.popleft()
+            pool = held.popleft()
             answered: list[InputError] = []
-            if work.rows:
-                table, index, answered = self._table(work, output, carry, result)
+            if any(w.rows for w in pool.works):
+                table, index, answered = self._table(pool, output, carry, result)
                 t0 = time.perf_counter()
                 if writer is not None:
                     writer.write(table, index)
@@ -202,7 +203,8 @@ class SliceWork:
                     locations.append(np.asarray(to_numpy(index.column("loc")), np.int64))
                 elif table.num_rows:
                     result.ids_per_row = False
-            errors = [*work.errors, *answered]
+            errors = [e for w in pool.works for e in w.errors]
+            errors += answered
             if errors:
                 records = [e.to_record() for e in errors]
                 if writer is not None:
@@ -211,31 +213,31 @@ class SliceWork:
                     result.error_records.extend(records)
                 result.shown.extend(portable(e) for e in errors[: max(0, SHOWN - len(result.shown))])
                 result.errors += len(errors)
-            result.records += work.records
-            count_units(result.units, work, previous, carry_units)
-            if work.end is not None:
-                result.end = work.end.to_dict()
+            result.records += pool.records
+            for work in pool.works:
+                count_units(result.units, work, previous, carry_units)
+                if work.end is not None:
+                    result.end = work.end.to_dict()
         result.rows_read = sum(spec.rows_read for spec in specs)
         if hashes and result.ids_per_row:
             result.id_hashes, result.id_locations = np.concatenate(hashes), np.concatenate(locations)
 
     def _table(
-        self, work: Work, output: Any, carry: Carry, result: SliceResult
+        self, pool: Pool, output: Any, carry: Carry, result: SliceResult
     ) -> tuple[pa.Table, pa.Table | None, list[InputError]]:
-        """A work item's output rows (computed and carried over, in input order, with rows taken over from
-        the previous output read: a worker's shard holds every row), their row index (None: rows are not one
-        per record) and the rows the codec answered as bad."""
+        """A pool's output rows (computed and carried over, in input order, with rows taken over from the
+        previous output read: a worker's shard holds every row), their row index (None: rows are not one per
+        record) and the rows the codec answered as bad."""
         computed = None
         answered: list[InputError] = []
-        n_compute = len(work.compute_idx) if work.compute is not None else 0
-        if work.compute is not None:
-            computed = self.codec.table(work.compute, output)
+        if pool.compute is not None:
+            computed = self.codec.table(pool.compute, output)
             if isinstance(computed, Rows):
                 answered = list(computed.errors)
                 computed = computed.table
                 if answered and self.flags.on_error == "fail":
                     raise answered[0]
-        out = carry.rows_out([work], n_compute, computed, result)
+        out = carry.rows_out(pool.works, pool.compute_rows, computed, result)
         if out is None:
             return pa.table({}), None, answered
         table = resolve_rows(out, carry.previous, None)

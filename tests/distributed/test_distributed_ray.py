@@ -65,6 +65,29 @@ def test_ray_output_equals_local_output(cli, st_model: Path, tmp_path: Path, dri
     cli("inspect", remote, "--check")
 
 
+def test_small_files_share_forwards_as_in_a_local_run(cli, st_model: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
+    """A slice of many small files pools their rows into the local run's forwards (not one forward a file):
+    the same forwards, and the same vectors bit for bit."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(120):
+        lines = 1 + i % 3
+        (folder / f"f{i:03d}.jsonl").write_text(
+            "".join(json.dumps({"id": f"{i}-{j}", "text": f"file {i} line {j} " + "chart " * (i % 7)}) + "\n"
+                    for j in range(lines)), encoding="utf-8")
+    inputs = sorted(folder.glob("*.jsonl"))
+    local, remote = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    common = ("-m", st_model, "-q", "--shard-rows", 5000)
+    cli("embed", *inputs, "-o", local, *common, "--stats", tmp_path / "l.json")
+    cli("embed", *inputs, "-o", remote, *common, "--stats", tmp_path / "r.json", *ray_flags(driver))
+    l_stats, r_stats = (json.loads((tmp_path / n).read_text()) for n in ("l.json", "r.json"))
+    assert r_stats["shards"] == 1 and r_stats["computed_rows"] == l_stats["computed_rows"] == 240
+    assert r_stats["forwards"] == l_stats["forwards"] < 10
+    l_ids, l_emb, _ = vectors(local)
+    r_ids, r_emb, _ = vectors(remote)
+    assert r_ids == l_ids and np.array_equal(r_emb, l_emb)
+
+
 def test_deleted_shard_is_recomputed_alone(cli, st_model: Path, corpus: Path, tmp_path: Path, driver) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "dir"
     cli("embed", corpus, "-m", st_model, "-o", f"{out}/", "--shard-rows", 100, "-q", *ray_flags(driver))
