@@ -46,6 +46,18 @@ def id_type(t: pa.DataType) -> pa.DataType:
     return t.value_type if pa.types.is_dictionary(t) else t
 
 
+def _plain(arr: pa.Array) -> pa.Array:
+    """A decoded column as offset-based arrays: dictionaries decoded, string views as large strings."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    # a view column has no offsets buffer, which the text sizes and block identities read
+    if pa.types.is_string_view(arr.type):
+        return arr.cast(pa.large_string())
+    if pa.types.is_binary_view(arr.type):
+        return arr.cast(pa.large_binary())
+    return arr
+
+
 def _not_parquet(path: str, e: BaseException, where: str = "") -> InputError:
     return InputError(
         path,
@@ -335,9 +347,7 @@ class _ParquetBlocks:
         """The blocks of one decoded chunk: identities, carried or parsed, and the batch cuts between them."""
         spec, b = self.spec, self.b
         n = rb.num_rows
-        rb = pa.RecordBatch.from_arrays(
-            [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in rb.columns], rb.schema.names
-        )
+        rb = pa.RecordBatch.from_arrays([_plain(c) for c in rb.columns], rb.schema.names)
         context = self.context()
         sizes = byte_lengths(rb.column(spec.text_col))
         canon = _Columns(rb) if context is not None else None

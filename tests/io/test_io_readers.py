@@ -145,6 +145,20 @@ def test_parquet_default_ids(tmp_path: Path) -> None:
     assert [r["id"] for r in collect(read_inputs([str(p)]))] == ["t.pq:0", "t.pq:1", "t.pq:2"]
 
 
+@pytest.mark.parametrize(
+    "text_type",
+    [pa.string(), pa.large_string(), pa.string_view(), pa.dictionary(pa.int32(), pa.string())],
+    ids=["string", "large_string", "string_view", "dictionary"],
+)
+def test_parquet_text_column_of_any_string_type(tmp_path: Path, text_type: pa.DataType) -> None:
+    # Polars and DuckDB write string views; the text sizes read offsets, which a view array has none of
+    p = tmp_path / "docs.parquet"
+    texts = pa.array(["doc a", None, "doc c"]).cast(text_type)
+    pq.write_table(pa.table({"id": texts.cast(pa.string()).fill_null("b").cast(text_type), "text": texts}), p)
+    rows = collect(read_inputs([str(p)]))
+    assert [(r["id"], r["text"]) for r in rows] == [("doc a", "doc a"), ("b", None), ("doc c", "doc c")]
+
+
 def test_csv_quoting_multiline_and_strings(tmp_path: Path) -> None:
     p = tmp_path / "c.csv"
     p.write_text('id,text,score\n1,"a, b",0.5\n2,"line one\nline two",7\n\n3,plain,\n', encoding="utf-8")
