@@ -155,10 +155,10 @@ class RowChecks:
 
     def count(self, errors: list[InputError]) -> None:
         """Add skipped rows to the run's total; TooManyErrors past `--max-errors`."""
-        self.total += len(errors)
+        before, self.total = self.total, self.total + len(errors)
         if self.limit is None or self.total <= self.limit or not errors:
             return
-        last = errors[-1]
+        last = errors[max(0, self.limit - before)]  # the bad row that passes the limit, as a --workers run names
         raise TooManyErrors(
             last.path,
             f"more than {self.limit} bad rows (--max-errors {self.limit}); the last: {last.reason}",

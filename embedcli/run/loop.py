@@ -363,10 +363,10 @@ class Pipeline:
         """`--max-errors` over read-stage and answered bad rows together (the reader counts only its own);
         `read_errors`: the reader's bad rows of this pool, not yet reported."""
         limit = self.flags.max_errors
-        total = self._errors_before + self.report.new_errors + read_errors + len(answered)
-        if not answered or limit is None or total <= limit:
+        before = self._errors_before + self.report.new_errors + read_errors
+        if not answered or limit is None or before + len(answered) <= limit:
             return
-        last = answered[-1]
+        last = answered[max(0, limit - before)]  # the bad row that passes the limit
         raise TooManyErrors(
             last.path, f"more than {limit} bad rows (--max-errors {limit}); the last: {last.reason}",
             location=last.location, record_id=last.record_id,

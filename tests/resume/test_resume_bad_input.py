@@ -150,6 +150,19 @@ def test_max_errors_stops_the_run(cli, st_model: Path, tmp_path: Path) -> None:
     _embed(cli, st_model, src, tmp_path / "o.parquet", "--on-error", "skip", "--max-errors", 2, code=3)
 
 
+@pytest.mark.parametrize(("limit", "line"), [(0, 2), (1, 4), (2, 6)])
+def test_max_errors_names_the_bad_row_that_passes_it(cli, st_model: Path, tmp_path: Path, limit: int, line: int) -> None:
+    # three bad rows of one batch, of the reader (malformed) and of the checks (null text, repeated id)
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": null}\n{"id": "c", "text": "y"}\n'
+                   '{"id": "d", "text": \n{"id": "e", "text": "z"}\n{"id": "a", "text": "again"}\n')
+    errors = tmp_path / "errors.jsonl"
+    r = _embed(cli, st_model, src, tmp_path / "o.parquet", "--on-error", "skip", "--max-errors", limit,
+               "--errors-file", errors, code=1)
+    assert f"c.jsonl line {line} " in r.stderr and f"more than {limit} bad rows" in r.stderr
+    assert json.loads(errors.read_text().splitlines()[-1])["location"] == f"line {line}"
+
+
 @pytest.mark.parametrize(
     ("flags", "words"),
     [

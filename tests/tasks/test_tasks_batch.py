@@ -275,5 +275,5 @@ def test_max_errors_counts_answered_bad_lines(cli, tiny_model, tmp_path):  # typ
     src.write_text("".join(x + "\n" for x in bad_file_lines()))
     out = tmp_path / "out.jsonl"
     result = cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--max-errors", 2, code=1)
-    assert "more than 2 bad rows" in result.stderr
+    assert "more than 2 bad rows" in result.stderr and "line 4" in result.stderr  # the third bad line, not the last
     cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--max-errors", 5, "-q", code=3)
