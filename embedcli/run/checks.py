@@ -96,7 +96,7 @@ def valid_rows(batch: Any) -> list[int]:
 
 
 class RowChecks:
-    """Null texts, repeated ids and `--max-errors` over a whole run; fail mode raises the first bad row."""
+    """Null texts, repeated ids and `--max-errors` over a whole run; fail mode raises a batch's first bad row."""
 
     def __init__(self, flags: RunFlags, errors_before: int = 0, ids: IdSet | None = None) -> None:
         self.skip_mode = flags.on_error == "skip"
@@ -149,8 +149,7 @@ class RowChecks:
         return valid[~drop], errors + repeated, h[~drop], locs[~drop]
 
     def _bad(self, err: InputError) -> InputError:
-        if not self.skip_mode:
-            raise err
+        # fail mode too: the batch raises its first bad row in input order once all of them are known
         return err
 
     def count(self, errors: list[InputError]) -> None:
@@ -260,8 +259,10 @@ def read_work(
     added to `seconds["read"]`. `open_reader(on_bad_row)` opens the readers (a `BatchSource`'s); else
     `batches` are iterated. `unread_index(start, stop)`: the id hashes and packed locations (its row index's
     `idh`, `loc`) of the previous output's rows it gives back whole."""
-    pending: list[InputError] = []  # filled by the reader under --on-error skip
-    on_bad = pending.append if checks.skip_mode else None
+    # filled by the reader; under --on-error fail too, so that a line that does not parse is not said before
+    # an earlier row the checks refuse (a null text, a repeated id), or before those of a batch held back
+    pending: list[InputError] = []
+    on_bad = pending.append
     reader = open_reader(on_bad) if open_reader is not None else iter(batches)
     try:
         while True:
@@ -279,6 +280,8 @@ def read_work(
             split(work)
             yield work
         if pending:  # bad rows after the last batch of a reader that cuts no blocks
+            if not checks.skip_mode:
+                raise pending[0]
             checks.count(pending)
             yield Work(records=len(pending), errors=list(pending))
     finally:
@@ -369,6 +372,8 @@ def _check_batch(
             else:
                 _reread_blocks(out, seg, checks, unread_index)
     _in_input_order(out.errors)
+    if out.errors and not checks.skip_mode:
+        raise out.errors[0]
     checks.count(out.errors)
     work = out.work(records, batch)
     work.identities = [(b.file, b.group, b.unit) for b in blocks if b.unit is not None]

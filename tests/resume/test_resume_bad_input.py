@@ -150,6 +150,27 @@ def test_max_errors_stops_the_run(cli, st_model: Path, tmp_path: Path) -> None:
     _embed(cli, st_model, src, tmp_path / "o.parquet", "--on-error", "skip", "--max-errors", 2, code=3)
 
 
+@pytest.mark.parametrize(
+    ("files", "first"),
+    [
+        ({"a": ['{"id": "a", "text": "x"}', '{"id": "b", "text": null}', '{"id": "c", "text": "y"}', '{"id": "d",']},
+         "a.jsonl line 2 (id 'b'): text is null"),
+        ({"a": ['{"id": "a", "text": "x"}', '{"id": "b", "text": "y"}', '{"id": "a", "text": "z"}',
+                '{"id": "c", "text": null}']}, "a.jsonl line 3 (id 'a'): duplicate id"),
+        ({"a": ['{"id": "a", "text": "x"}', '{"id": "b", "text": null}'], "b": ['{"id": "c", "text": "y"}', "{"]},
+         "a.jsonl line 2 (id 'b'): text is null"),
+    ],
+    ids=["null-then-malformed", "repeat-then-null", "next-file-malformed"],
+)
+def test_on_error_fail_names_the_first_bad_row(cli, st_model: Path, tmp_path: Path, files: dict, first: str) -> None:
+    # a line that does not parse is found as the batch is read, a null text or a repeated id once it is
+    # checked: the run stops at whichever comes first in the input
+    for name, lines in files.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines))
+    r = cli("embed", *(tmp_path / f"{n}.jsonl" for n in files), "-m", st_model, "-o", tmp_path / "o.parquet", "-q", code=1)
+    assert first in r.stderr
+
+
 @pytest.mark.parametrize(("limit", "line"), [(0, 2), (1, 4), (2, 6)])
 def test_max_errors_names_the_bad_row_that_passes_it(cli, st_model: Path, tmp_path: Path, limit: int, line: int) -> None:
     # three bad rows of one batch, of the reader (malformed) and of the checks (null text, repeated id)
