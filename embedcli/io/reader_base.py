@@ -442,6 +442,8 @@ class BatchBuilder:
             arr = arrow_array(values, type=known)
         except (pa.ArrowException, OverflowError, TypeError, ValueError):
             arr = None
+        if arr is not None and known is not None and any(_truncated(v, known) for v in values):
+            arr = None  # a fraction in an integer column: a bad row, as a string there is, never cut silently
         if arr is not None:
             return known if known is not None or pa.types.is_null(arr.type) else arr.type
         # Find the rows that do not fit: against the known type, or (first sight) the first value's.
@@ -670,7 +672,20 @@ def _fits(value: Any, t: pa.DataType | None) -> bool:
         arrow_array([value], type=t)
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         return False
-    return True
+    return t is None or not _truncated(value, t)
+
+
+def _truncated(value: Any, t: pa.DataType) -> bool:
+    """Whether `value` holds a number with a fraction where `t` has an integer (which pa.array cuts to it: 3.5 -> 3)."""
+    if value is None:
+        return False
+    if pa.types.is_integer(t):
+        return isinstance(value, float) and not value.is_integer()
+    if pa.types.is_struct(t):
+        return isinstance(value, dict) and any(_truncated(value.get(f.name), f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return isinstance(value, list) and any(_truncated(v, t.value_type) for v in value)
+    return False
 
 
 def _first_type(values: Sequence[Any]) -> pa.DataType | None:
