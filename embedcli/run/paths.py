@@ -23,6 +23,8 @@ def check_side_file(flag: str, path: str | None) -> None:
     """OutputError unless the file of `flag` (`--stats`, `--errors-file`) can be created at `path`."""
     if not path:
         return
+    if path == STDIN:  # else a file named "-" appears in the working directory
+        raise UsageError(f"{flag} -: {flag} writes a file, not stdout (which only -o - writes to); name a file")
     shown = f"{flag} {path}"
     if os.path.isdir(path):
         raise OutputError(shown, "is a directory", fix=f"name a file for {flag}")

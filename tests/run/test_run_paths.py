@@ -110,6 +110,18 @@ def test_an_unwritable_side_file_stops_the_run_before_the_compute(tmp_path: Path
     assert err.value.exit_code == 1 and engine.seen == [] and not (tmp_path / "out.parquet").exists()
 
 
+@pytest.mark.parametrize("which", ["--stats", "--errors-file"])
+def test_a_side_file_named_dash_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = write_rows(tmp_path / "in.jsonl", ROWS)
+    job = make_job(src, tmp_path / "out.parquet", errors_file="-" if which == "--errors-file" else None)
+    if which == "--stats":
+        job = replace(job, reporting=Reporting(quiet=True, stats_file="-"))
+    with pytest.raises(UsageError, match=f"{which} -: .* not stdout"):
+        run_job(job)
+    assert not (tmp_path / "-").exists() and not (tmp_path / "out.parquet").exists()
+
+
 def _read_only_fs(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
     """What the kernel answers for a directory on a file system mounted read-only (EROFS)."""
     real_statvfs, real_access = os.statvfs, os.access
