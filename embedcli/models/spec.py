@@ -30,6 +30,7 @@ from embedcli.models.checkpoint.st_config import (
     ST_TYPES,
     PoolingChoice,
     check_activation,
+    check_module_chain,
     read_classifier_activation,
     read_json,
     read_pooling,
@@ -385,6 +386,7 @@ def _read_modules(folder: Path, base: _BaseConfig) -> _Modules:
             family[key] = read_json(folder / module["path"] / "config.json")
         elif kind not in ST_TYPES["normalize"] + ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]:
             raise ConfigRefusedError(f"{modules_path}: module type {kind!r} is not supported")
+    check_module_chain(folder, modules, types)
     pooled = base.hidden * len(pooling.modes)
     if projector and projector[0].in_features != pooled:
         raise ModelConfigError(

@@ -134,6 +134,42 @@ def read_pooling(path: Path, folder: Path) -> PoolingChoice:
     return PoolingChoice(tuple(modes), include, f"{where}: {key}")
 
 
+_SENTENCE = "sentence_embedding"
+
+
+def check_module_chain(folder: Path, modules: Sequence[dict[str, Any]], types: Sequence[str]) -> None:
+    """Refuse a pooled stack embedcli would run in another order than sentence-transformers: embedcli pools, then
+    projects with every Dense, then normalizes, so each Dense must follow the Pooling and read and write the
+    sentence embedding, and nothing but a Normalize may follow a Normalize."""
+    path = folder / "modules.json"
+    kinds = [next((k for k in ("pooling", "dense", "normalize") if t in ST_TYPES[k]), "") for t in types]
+    if "pooling" not in kinds:
+        return  # no pooled stack: late-interaction and sparse layouts are read by their own rules
+    first_pooling, normalized = kinds.index("pooling"), False
+    for i, (module, kind) in enumerate(zip(modules, kinds, strict=True)):
+        name = types[i].rpartition(".")[2]
+        if normalized and kind != "normalize":
+            raise ConfigRefusedError(
+                f"{path}: {name} ({module.get('path')!r}) follows Normalize; embedcli normalizes the embedding last, "
+                "so a module after Normalize is not supported"
+            )
+        normalized = normalized or kind == "normalize"
+        if kind == "dense" and i < first_pooling:
+            raise ConfigRefusedError(
+                f"{path}: Dense ({module.get('path')!r}) before Pooling projects each token; embedcli projects the "
+                "pooled embedding only, so a token-level Dense is not supported"
+            )
+        cfg_path = folder / str(module.get("path", "")) / "config.json"
+        if kind in ("dense", "normalize") and cfg_path.is_file():
+            cfg = read_json(cfg_path)
+            for key in ("module_input_name", "module_output_name"):
+                if cfg.get(key, _SENTENCE) != _SENTENCE:
+                    raise ConfigRefusedError(
+                        f"{cfg_path}: {key} {cfg[key]!r} is not supported; embedcli's {name} reads and writes "
+                        f"{_SENTENCE!r}"
+                    )
+
+
 def check_activation(name: object, path: Path, key: str) -> str:
     """`name` if it is an importable `torch.nn.modules.*` module class, else a refusal naming file and key."""
     if not isinstance(name, str) or not name.startswith(_ACTIVATION_PREFIX):

@@ -1,0 +1,71 @@
+"""sentence-transformers module stacks whose order or options change the numbers: each equals `encode` on a tiny
+checkpoint saved by `SentenceTransformer(modules=[...]).save`, or is refused at load (exit 2, one line naming the
+file), never run in embedcli's own order with exit 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS
+
+TEXTS = [*SAMPLE_TEXTS, LONG_TEXT, "", "!!! ???"]
+
+
+def _texts_file(tmp_path: Path, texts: list[str]) -> Path:
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    return path
+
+
+def _vectors(path: Path) -> np.ndarray:
+    return np.stack(pq.read_table(path).column("embedding").to_numpy(zero_copy_only=False))
+
+
+def _one_error_line(stderr: str, *needles: str) -> None:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("embedcli: error: "), stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def _save(base: Path, folder: Path, stack: str, **st_kwargs: object) -> Path:
+    """`SentenceTransformer(modules=...).save(folder)` of the stack named `stack` around `base`."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    torch.manual_seed(3)
+    transformer = Transformer(str(base), max_seq_length=64)
+    hidden = transformer.get_embedding_dimension()
+    stacks = {
+        "normalize-then-dense": lambda: [Pooling(hidden, "mean"), Normalize(), Dense(hidden, 8)],
+        "token-dense": lambda: [Dense(hidden, 16, module_input_name="token_embeddings"), Pooling(16, "mean"), Normalize()],
+        "dense-elsewhere": lambda: [Pooling(hidden, "mean"), Dense(hidden, 16, module_output_name="projected")],
+    }
+    SentenceTransformer(modules=[transformer, *stacks[stack]()], device="cpu", **st_kwargs).save(str(folder))
+    return folder
+
+
+# -- module order: what embedcli would run as pool -> project -> normalize is refused --------------------------------------
+@pytest.mark.parametrize(
+    ("stack", "needle"),
+    [
+        ("normalize-then-dense", "follows Normalize"),
+        ("token-dense", "Dense ('1_Dense') before Pooling"),
+        ("dense-elsewhere", "module_output_name 'projected'"),
+    ],
+)
+def test_stack_run_in_another_order_is_refused(stack, needle, cli, tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = _save(tiny_model("bert"), tmp_path / stack, stack)
+    SentenceTransformer(str(folder), device="cpu").encode(TEXTS[:2])  # a layout its own library runs
+    out = tmp_path / "v.parquet"
+    err = cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "-o", out, code=2)
+    _one_error_line(err.stderr, str(folder), needle)
+    assert not out.exists()
