@@ -51,6 +51,14 @@ class RunnerOptions:
 
 
 
+def run_dimensions(dimensions: int | None, truncate_dim: int | None, task: str) -> int | None:
+    """The Matryoshka size a run keeps: `--dimensions`, else for sentence embeddings the checkpoint's
+    `truncate_dim` (sentence-transformers' `encode` default), else none."""
+    if dimensions is not None or task != "embed":
+        return dimensions
+    return truncate_dim
+
+
 @dataclass
 class RunStats:
     """Counters and per-phase seconds of a run."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from embedcli.compute.options import run_dimensions
 from embedcli.compute.static import static_dimensions, static_dtype
 from embedcli.models.precision import planned_dtype
 
@@ -55,7 +56,8 @@ def plan_runner(recipe: RunnerRecipe) -> RunnerPlan | None:
         dtype: tuple[str, str] | None = static_dtype(recipe.model_options)
         dimensions = static_dimensions(spec, options.dimensions)
     else:
-        dtype, dimensions = planned_dtype(spec, recipe.model_options), options.dimensions
+        dtype = planned_dtype(spec, recipe.model_options)
+        dimensions = run_dimensions(options.dimensions, spec.truncate_dim, options.task)
     if dtype is None or options.task not in spec.tasks:
         return None
     # PoolingParams.verify: the request's value, else the model's (a base model's Normalize), else True.

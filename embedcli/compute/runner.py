@@ -17,6 +17,7 @@ import torch
 from embedcli.compute.options import RunnerOptions as RunnerOptions
 from embedcli.compute.options import RunStats as RunStats
 from embedcli.compute.options import TokenRows as TokenRows
+from embedcli.compute.options import run_dimensions
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.checkpoint.st_config import prompt_token_count
@@ -82,7 +83,7 @@ class Runner:
         self.max_batch_tokens = self.options.token_budget(model.device.type)
         self.params = PoolingParams(
             use_activation=self.options.normalize if task in ("embed", "token_embed") else None,
-            dimensions=self.options.dimensions,
+            dimensions=run_dimensions(self.options.dimensions, spec.truncate_dim, task),
         ).verify(
             task,
             model.pooler_config,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedcli.compute.options import RunnerOptions, RunStats
+from embedcli.compute.options import RunnerOptions, RunStats, run_dimensions
 from embedcli.errors import LongInputError, PoolingConfigError, UsageError
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec
@@ -61,7 +61,7 @@ class StaticLoaded:
 
 def static_dimensions(spec: ModelSpec, dimensions: int | None) -> int | None:
     """The Matryoshka size of a run: `--dimensions`, else the checkpoint's `truncate_dim`, else none."""
-    dims = dimensions if dimensions is not None else spec.truncate_dim
+    dims = run_dimensions(dimensions, spec.truncate_dim, "embed")
     if dims is not None and dims > spec.embedding_size:
         raise UsageError(f"--dimensions {dims}: the model has {spec.embedding_size} dims")
     return dims

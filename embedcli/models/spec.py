@@ -35,6 +35,7 @@ from embedcli.models.checkpoint.st_config import (
     read_json,
     read_pooling,
     read_similarity,
+    read_truncate_dim,
     refuse_modular_cross_encoder,
     refuse_non_transformer,
 )
@@ -534,6 +535,7 @@ def load_model_spec(
     else:
         similarity, similarity_source = read_similarity(folder, st_cfg)
     matryoshka = config.get("matryoshka_dimensions")
+    embedding_size = projector[-1].out_features if projector else base.hidden * len(mods.pooling.modes)
     spec = ModelSpec(
         name=str(model) if model else DEFAULT_MODEL,
         path=str(folder),
@@ -547,7 +549,7 @@ def load_model_spec(
         seq_pooling_type="+".join(MODE_TYPES[m] for m in mods.pooling.modes),
         normalize=mods.normalize or late is not None,
         projector=projector,
-        embedding_size=projector[-1].out_features if projector else base.hidden * len(mods.pooling.modes),
+        embedding_size=embedding_size,
         is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
         prompts=tuple((str(k), str(v)) for k, v in (st_cfg.get("prompts") or {}).items()),
@@ -573,6 +575,8 @@ def load_model_spec(
         causal=plan.causal,
         position_offset=bool(REGISTRY.get(base.model_type) and REGISTRY[base.model_type].position_offset),
         late_interaction=late,
+        # sentence-transformers' encode keeps the first truncate_dim values of a sentence embedding by default.
+        truncate_dim=read_truncate_dim(folder, st_cfg, embedding_size) if head == "base" and late is None else None,
         content_hash=_hash_files(
             folder,
             ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector if d.path),

@@ -46,6 +46,8 @@ def _save(base: Path, folder: Path, stack: str, **st_kwargs: object) -> Path:
         "normalize-then-dense": lambda: [Pooling(hidden, "mean"), Normalize(), Dense(hidden, 8)],
         "token-dense": lambda: [Dense(hidden, 16, module_input_name="token_embeddings"), Pooling(16, "mean"), Normalize()],
         "dense-elsewhere": lambda: [Pooling(hidden, "mean"), Dense(hidden, 16, module_output_name="projected")],
+        "mean": lambda: [Pooling(hidden, "mean")],
+        "mean-normalize": lambda: [Pooling(hidden, "mean"), Normalize()],
     }
     SentenceTransformer(modules=[transformer, *stacks[stack]()], device="cpu", **st_kwargs).save(str(folder))
     return folder
@@ -69,3 +71,34 @@ def test_stack_run_in_another_order_is_refused(stack, needle, cli, tiny_model, t
     err = cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "-o", out, code=2)
     _one_error_line(err.stderr, str(folder), needle)
     assert not out.exists()
+
+
+# -- truncate_dim in config_sentence_transformers.json: encode's default size ------------------------------------------------
+@pytest.mark.parametrize("stack", ["mean", "mean-normalize"])
+def test_saved_truncate_dim_is_the_default_size(stack, cli, tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = _save(tiny_model("bert"), tmp_path / stack, stack, truncate_dim=8)
+    assert json.loads((folder / "config_sentence_transformers.json").read_text())["truncate_dim"] == 8
+    st = SentenceTransformer(str(folder), device="cpu")
+    # As `--dimensions`: slice, then normalize when the model normalizes (sentence-transformers' own Normalize
+    # runs before its slice, so its vectors differ from these by one scale per row).
+    expected = st.encode(TEXTS, normalize_embeddings=stack == "mean-normalize")
+    assert expected.shape == (len(TEXTS), 8)
+    src = _texts_file(tmp_path, TEXTS)
+    out = tmp_path / "v.parquet"
+    result = cli("embed", src, "-m", folder, "-o", out, "-q")
+    assert "Matryoshka" not in result.stderr  # the checkpoint asks for it: no note
+    assert np.abs(_vectors(out) - expected).max() <= 1e-5
+    wide = tmp_path / "wide.parquet"
+    cli("embed", src, "-m", folder, "--dimensions", 32, "-o", wide, "-q")
+    assert np.abs(_vectors(wide) - st.encode(TEXTS, truncate_dim=32)).max() <= 1e-5
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"id": i, "left": TEXTS[i], "right": TEXTS[i + 1]}) + "\n" for i in range(4)))
+    scores = tmp_path / "s.jsonl"
+    cli("score", pairs, "-m", folder, "-o", scores, "-q")
+    got = np.array([json.loads(line)["score"] for line in scores.read_text().splitlines()])
+    want = st.similarity(st.encode(TEXTS[:4]), st.encode(TEXTS[1:5])).diagonal().numpy()
+    assert np.abs(got - want).max() <= 1e-5
+    info = json.loads(cli("info", folder, "--json").stdout)
+    assert info["choices"]["dimensions"] == "8 by default (config_sentence_transformers.json: truncate_dim)"

@@ -226,6 +226,16 @@ def read_classifier_activation(folder: Path, config: dict[str, Any], st_cfg: dic
     return ClassifierActivation(None, "vLLM default (sigmoid for one label, softmax for more)")
 
 
+def read_truncate_dim(folder: Path, st_cfg: dict[str, Any], dim: int) -> int | None:
+    """The default Matryoshka size sentence-transformers' `encode` keeps (`truncate_dim`), None when unset."""
+    truncate_dim = st_cfg.get("truncate_dim")
+    if truncate_dim is not None and (
+        isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or not 0 < truncate_dim <= dim
+    ):
+        raise ConfigRefusedError(f"{folder / ST_CONFIG}: truncate_dim {truncate_dim!r} must be an integer in 1..{dim}")
+    return truncate_dim
+
+
 def read_similarity(folder: Path, st_cfg: dict[str, Any]) -> tuple[str, str]:
     """The bi-encoder similarity (`model.similarity`) and its source; cosine when the file names none."""
     name = st_cfg.get("similarity_fn_name")
@@ -310,6 +320,8 @@ def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
         prompt = "included in pooling" if info["include_prompt"] else "excluded from pooling (include_prompt=false)"
         rows.append(("prompt tokens", f"{prompt} ({info['pooling_source'].split(':')[0]})"))
         rows.append(("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"))
+        if info.get("truncate_dim"):
+            rows.append(("dimensions", f"{info['truncate_dim']} by default ({ST_CONFIG}: truncate_dim)"))
     else:
         rows.append(("activation", f"{_classifier_activation_name(info)} ({info['activation_source']})"))
     return rows

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from embedcli.errors import ConfigRefusedError, ModelConfigError
-from embedcli.models.checkpoint.st_config import ST_CONFIG, ST_TYPES, read_json
+from embedcli.models.checkpoint.st_config import ST_CONFIG, ST_TYPES, read_json, read_truncate_dim
 
 STATIC_EMBEDDING_TYPES = (
     "sentence_transformers.models.StaticEmbedding",
@@ -138,9 +138,7 @@ def _st_fields(folder: Path, modules: list[dict[str, Any]], requested: int | Non
         raise ModelConfigError(f"{tok}: missing; a StaticEmbedding module holds its tokenizer there")
     normalize = _check_tail(folder, modules)
     st_cfg = read_json(folder / ST_CONFIG) if (folder / ST_CONFIG).is_file() else {}
-    truncate_dim = st_cfg.get("truncate_dim")
-    if truncate_dim is not None and (not isinstance(truncate_dim, int) or not 0 < truncate_dim <= dim):
-        raise ConfigRefusedError(f"{folder / ST_CONFIG}: truncate_dim {truncate_dim!r} must be an integer in 1..{dim}")
+    truncate_dim = read_truncate_dim(folder, st_cfg, dim)
     prefix = "" if rel == "." else rel.rstrip("/") + "/"
     return {
         "architecture": "StaticEmbedding",
