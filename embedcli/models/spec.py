@@ -34,6 +34,7 @@ from embedcli.models.checkpoint.st_config import (
     read_classifier_activation,
     read_json,
     read_pooling,
+    read_sbert_config,
     read_similarity,
     read_truncate_dim,
     refuse_modular_cross_encoder,
@@ -475,7 +476,7 @@ def _late_interaction(
         )
     model_max = _max_length(folder, base, {}, False, max_length)
     # Without a length of its own a role is cut where sentence-transformers' Transformer cuts (max_seq_length).
-    st_max = _max_length(folder, base, _optional_json(folder / "sentence_bert_config.json"), mods.st_layout, max_length)
+    st_max = _max_length(folder, base, read_sbert_config(folder), mods.st_layout, max_length)
     if stanford:
         late, (dim, hidden) = read_stanford(folder, base.hidden, model_max)
         return (DenseSpec(path="", in_features=hidden, out_features=dim, bias=False, activation=IDENTITY),), late
@@ -492,7 +493,7 @@ def _late_interaction(
                 f"{folder / 'modules.json'}: a MultiVectorEncoder without a MultiVectorMask and a Normalize module "
                 "is not supported"
             )
-        sbert = _optional_json(folder / "sentence_bert_config.json")
+        sbert = read_sbert_config(folder)
         return mods.projector, read_native(folder, st_cfg, sbert, mods.multi_vector_mask, dim, model_max, st_max)
     return mods.projector, read_pylate(folder, st_cfg, dim, model_max, st_max)
 
@@ -523,7 +524,7 @@ def load_model_spec(
     head, family = _family(folder, base, mods, st_cfg, reranker)
     plan = _plan(folder, base, head, trust_remote_code, backbone)
     refuse_modular_cross_encoder(folder, st_cfg, mods.types, head)
-    sbert = _optional_json(folder / "sentence_bert_config.json")
+    sbert = read_sbert_config(folder)
     config = base.config
     num_labels, id2label = _labels(config, base.head)
     # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.

@@ -102,3 +102,20 @@ def test_saved_truncate_dim_is_the_default_size(stack, cli, tiny_model, tmp_path
     assert np.abs(got - want).max() <= 1e-5
     info = json.loads(cli("info", folder, "--json").stdout)
     assert info["choices"]["dimensions"] == "8 by default (config_sentence_transformers.json: truncate_dim)"
+
+
+# -- the Transformer config under its early names (sentence_roberta_config.json, ...) ----------------------------------------
+@pytest.mark.parametrize(("kind", "name"), [("roberta", "sentence_roberta_config.json"),
+                                            ("distilbert", "sentence_distilbert_config.json")])
+def test_early_transformer_config_names_set_the_max_length(kind, name, cli, tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from tests.fixtures.tiny_models import build_legacy_st_model
+
+    folder = build_legacy_st_model(tiny_model(kind), tmp_path / kind, max_seq_length=16)
+    (folder / "sentence_bert_config.json").rename(folder / name)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    out = tmp_path / "v.parquet"
+    cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "-o", out, "-q")
+    assert np.abs(_vectors(out) - expected).max() <= 1e-5
+    assert json.loads(cli("info", folder, "--json").stdout)["max_length"] == 16

@@ -48,6 +48,11 @@ ST_TYPES: dict[str, tuple[str, ...]] = {
     "multi_vector_mask": ("sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask",),
 }
 ST_CONFIG = "config_sentence_transformers.json"
+# The Transformer module's config (max_seq_length, do_lower_case), under the names sentence-transformers tries in
+# this order: early releases named it after the architecture, and their checkpoints still ship so.
+SBERT_CONFIGS = tuple(
+    f"sentence_{name}_config.json" for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
+)
 # sentence-transformers' Pooling modes; the legacy `pooling_mode_<name>` booleans concatenate in this order.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 _LEGACY_MODE_KEYS = {
@@ -93,6 +98,16 @@ def read_json(path: Path) -> Any:
     if not isinstance(data, (dict, list)):
         raise ModelConfigError(f"{path}: expected a JSON object")
     return data
+
+
+def read_sbert_config(folder: Path) -> dict[str, Any]:
+    """The first non-empty Transformer config of `folder` among SBERT_CONFIGS, as sentence-transformers loads it."""
+    for name in SBERT_CONFIGS:
+        path = folder / name
+        data = read_json(path) if path.is_file() else None
+        if isinstance(data, dict) and data:
+            return data
+    return {}
 
 
 def _rel(path: Path, folder: Path) -> str:
