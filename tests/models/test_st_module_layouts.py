@@ -119,3 +119,18 @@ def test_early_transformer_config_names_set_the_max_length(kind, name, cli, tiny
     cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "-o", out, "-q")
     assert np.abs(_vectors(out) - expected).max() <= 1e-5
     assert json.loads(cli("info", folder, "--json").stdout)["max_length"] == 16
+
+
+def test_transformer_in_a_subfolder_is_refused_by_name(cli, tiny_model, tmp_path) -> None:
+    """Early checkpoints kept the transformer in `0_Transformer/`: refused naming it, not as a missing config.json."""
+    from tests.fixtures.tiny_models import build_legacy_st_model, edit_json
+
+    folder = build_legacy_st_model(tiny_model("bert"), tmp_path / "early")
+    sub = folder / "0_Transformer"
+    sub.mkdir()
+    for path in list(folder.iterdir()):
+        if path.is_file() and path.name not in ("modules.json", "config_sentence_transformers.json"):
+            path.rename(sub / path.name)
+    edit_json(folder / "modules.json", lambda m: m[0].update(path="0_Transformer"))
+    err = cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "-o", tmp_path / "v.parquet", code=2)
+    _one_error_line(err.stderr, str(folder / "modules.json"), "'0_Transformer'")

@@ -352,8 +352,8 @@ _NON_TRANSFORMER_MODULES = {
 
 
 def refuse_non_transformer(folder: Path) -> None:
-    """Refuse a sentence-transformers folder whose first module is not a Transformer, naming the module type
-    (else the missing config.json would read as a broken download)."""
+    """Refuse a sentence-transformers folder whose first module is not a Transformer (naming the module type), or
+    is one kept in a subfolder (else the missing config.json would read as a broken download)."""
     path = folder / "modules.json"
     try:
         modules = read_json(path) if path.is_file() else None
@@ -363,6 +363,12 @@ def refuse_non_transformer(folder: Path) -> None:
         return
     kind = str(modules[0].get("type", ""))
     known = ST_TYPES["transformer"] + ST_TYPES["mlm_transformer"]
+    sub = str(modules[0].get("path", "")).strip("./")
+    if kind in known and sub:
+        raise ConfigRefusedError(
+            f"{path}: the Transformer module lives in its own folder {sub!r} (an early sentence-transformers layout); "
+            "embedcli reads the transformer from the model folder itself, so this layout is not supported"
+        )
     if not kind or kind in known:
         return
     name = kind.rpartition(".")[2]
