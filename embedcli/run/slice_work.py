@@ -99,7 +99,7 @@ class SliceWork:
     previous: str | None = None  # --incremental: the previous output (opened once per worker)
     batch_chars: int | None = None  # the text cap of a batch (the run loop's, from the engine's token budget)
     fingerprints: list[dict[str, Any]] | None = None  # the inputs' (for carrying blocks and files over unread)
-    cuts: dict[int, list[int]] = field(default_factory=dict)  # where a batch must end (the first grid cut)
+    cuts: dict[int, list[int]] = field(default_factory=dict)  # where a batch must end: the run's cuts (`grid_of`)
     id_words: list[str] = field(default_factory=list)  # what each input's numbers count ("line", "row")
     cwd: str = field(default_factory=os.getcwd)
     _carry: Carry | None = field(default=None, repr=False, compare=False)

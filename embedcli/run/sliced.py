@@ -77,7 +77,7 @@ class SlicedRun:
         self.source = source
         self.paths: list[str] = list(p.paths or source.paths())
         self._group_ends: dict[int, np.ndarray] = {}  # a Parquet input's row-group ends, read once (`_group_of`)
-        self.first_cut: dict[int, list[int]] = {}  # the inputs' first grid cut (`plan`)
+        self.cuts: dict[int, list[int]] = {}  # where the workers end a batch: the run's cuts (`plan`)
         self._files: dict[str, int] | None = None  # each input's shown name -> its index (`_input_order`)
         if "-" in self.paths:
             raise UsageError("--engine ray reads its inputs on the workers, which cannot read this process's stdin: "
@@ -88,16 +88,20 @@ class SlicedRun:
         source, paths, begin = self.source, self.paths, self.start
         batch_rows = min(source.inputs.batch_rows, self.flags.shard_rows)
         block = min(BLOCK_LINES, batch_rows)
-        if self.p.fingerprints is not None:  # the first batch ends where a local run's does (`grid_of`)
-            grid = grid_of(paths, source.inputs.fmt, self.chars, block, first_only=True,
-                           fingerprints=self.p.fingerprints)
-            self.first_cut = grid.cuts if grid is not None else {}
-        self.pointed = sliceable(source, paths)
-        if not self.pointed:  # a --shard or repair range: one slice (its source bounds what it reads)
+        sliced = sliceable(source, paths)
+        # The local run's cuts (`grid_of`): a worker ends its batches at them as that run does, and slices
+        # start at them, so a slice's forwards are the local run's; --incremental, like the local loop, keeps
+        # only the first, where the batch that fixes a JSON input's types ends.
+        grid = grid_of(paths, source.inputs.fmt, self.chars, block, fingerprints=self.p.fingerprints) \
+            if self.p.fingerprints is not None else None
+        if grid is not None:
+            first_cut = {f: cuts[:1] for f, cuts in list(grid.cuts.items())[:1]}
+            self.cuts = first_cut if self.p.carry.previous is not None else grid.cuts
+        self.pointed = sliced and grid is not None
+        if not self.pointed or grid is None:  # a --shard or repair range: one slice (its source bounds what it reads)
             return [InputSlice(0, begin, None)]
-        return plan_slices(source, paths, self.flags.shard_rows, workers=self.engine.parallelism, begin=begin,
-                           first=lambda: first_batch(source, paths, batch_rows, self.chars, self.first_cut),
-                           block=block)
+        return plan_slices(source, paths, self.flags.shard_rows, grid=grid, workers=self.engine.parallelism,
+                           begin=begin, first=lambda: first_batch(source, paths, batch_rows, self.chars, self.cuts))
 
     def work(self) -> SliceWork:
         """What every worker does with a slice."""
@@ -109,7 +113,7 @@ class SlicedRun:
         fingerprints = [dict(f) for f in p.fingerprints] if p.fingerprints is not None else None
         return SliceWork(self.source, self.paths, p.job.codec, self.flags, dict(p.meta),
                          self.store.root if self.store is not None else None, previous, self.chars,
-                         fingerprints=fingerprints, id_words=list(self.ids.words), cuts=self.first_cut)
+                         fingerprints=fingerprints, id_words=list(self.ids.words), cuts=self.cuts)
 
     def run(self) -> None:
         """Plan, hand out, commit in order."""

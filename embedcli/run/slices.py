@@ -2,20 +2,19 @@
 
 A slice is a stretch of the inputs between two `ReadPoint`s (`embedcli.io.positions`): a worker opens the
 inputs at the slice's start and reads up to its stop, so no record is read twice and the driver reads none.
-The planner cuts where a reader can start without reading what comes before:
+Slices start only at the run's cuts (`embedcli.run.grid`), where every run of the same inputs ends a batch and
+a pool: a worker's batches, and so its packed forwards, are those of a local run, whose output a Ray run's is
+byte for byte. Of the cuts, a slice may start at:
 
-- **Parquet**: at row group starts (from the footer);
-- **JSON Lines and plain text** (uncompressed local files): every 1,024 lines (or `--shard-rows`, when fewer,
-  rounded up to whole 16-line blocks: a reader stops only between blocks, `embedcli.io.positions`),
-  at the start of the next line (the byte offsets come from one scan of the file's line breaks; nothing is
-  parsed);
-- **CSV, TSV, compressed and object-store text**: at the file's start only (a record's start inside them is not
-  known without reading from the top);
+- **a file's start**, and any cut the grid moves to the end of the file before (CSV, TSV, compressed);
+- **inside a Parquet file**, at the cut's row (its footer says where; any object store);
+- **inside a local, uncompressed JSON Lines or text file**, at the cut's line (the byte offsets of the cuts'
+  lines come from one scan of the file's line breaks; nothing is parsed).
 
-and groups consecutive pieces into slices of about `--shard-rows` records (fewer in a run too small to give
-every worker four slices, but not under 1,024), so many small files share a slice. The cuts depend on the
-inputs, `--shard-rows` and the number of workers only; a resumed run plans from where the manifest's last
-shard ends.
+A cut inside other text (an object in a store, read front to back) stays inside its slice: the worker ends a
+batch there as a local run does. Consecutive pieces are grouped into slices of about `--shard-rows` records
+(fewer in a run too small to give every worker four, but not under 1,024), at least one cell of the grid each.
+A resumed run plans from where the manifest's last shard ends, and cuts the rest as the first run did.
 
 A slice that starts past the inputs' first batch starts with the readers' state after that batch (the run's
 types, which the first batch of JSON rows fixes); a resumed run's first slice starts at the manifest's read
@@ -39,12 +38,10 @@ from embedcli.io.parquet_source import open_parquet
 from embedcli.io.positions import BLOCK_LINES, ReadPoint
 from embedcli.io.reader_base import compression_of
 from embedcli.io.readers import count_records, detect_format
+from embedcli.run.grid import Grid, seekable
 from embedcli.run.source import BatchSource
 
 SCAN_BYTES = 1 << 22
-CUT_LINES = 1024
-"""A text file may be cut every this many lines (fewer with a smaller `--shard-rows`); slices group the pieces.
-A multiple of the readers' 16-line blocks (`embedcli.io.positions`), so a slice's blocks are a whole run's."""
 SLICES_PER_WORKER = 4
 """A small run is cut finer than `--shard-rows`, into this many slices a worker, so every worker has some."""
 MIN_SLICE_ROWS = 1024
@@ -115,25 +112,32 @@ def first_batch(source: BatchSource, paths: Sequence[str], batch_rows: int, batc
         reader.close()
 
 
-def _text_cuts(path: str, every: int) -> tuple[list[tuple[int, int]], int]:
-    """(byte offset, lines before it) of the start of line 1 + k*`every` for k >= 1 (inside the file), and
-    the file's line count: one scan of its line breaks."""
-    cuts: list[tuple[int, int]] = []
+def line_points(path: str, offsets: Sequence[int], block: int = BLOCK_LINES) -> tuple[list[tuple[int, int] | None], int]:
+    """For each byte offset (ascending) of a text file, (byte offset, lines before it) of the first line 1 + 16k
+    (`block` lines) starting at or after it, None when there is none (the cut is at the file's end), as
+    `embedcli.run.grid.text_point` finds one; and the file's line count: one scan of its line breaks."""
+    found: list[tuple[int, int] | None] = [None] * len(offsets)
+    pending = 0  # offsets before this one are answered
     lines = pos = 0
-    wanted = every
     last = b"\n"
     with open(path, "rb") as f:
         while chunk := f.read(SCAN_BYTES):
             breaks = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10)
-            while wanted <= lines + len(breaks):
-                cuts.append((pos + int(breaks[wanted - lines - 1]) + 1, wanted))
-                wanted += every
+            # line starts after this chunk's breaks that begin a block: (lines before them) % block == 0
+            first = (-(lines + 1)) % block
+            starts = pos + breaks[first::block] + 1
+            numbers = lines + 1 + np.arange(first, len(breaks), block)
+            while pending < len(offsets):
+                k = int(np.searchsorted(starts, offsets[pending]))
+                if k == len(starts):
+                    break
+                found[pending] = (int(starts[k]), int(numbers[k]))
+                pending += 1
             lines += len(breaks)
             pos += len(chunk)
             last = chunk[-1:]
-    if cuts and cuts[-1][0] >= pos:
-        cuts.pop()  # a cut at the very end: nothing after it
-    return cuts, lines + (last != b"\n")
+    # a line "starting" at the file's end is none
+    return [x if x is not None and x[0] < pos else None for x in found], lines + (last != b"\n")
 
 
 def _splittable_text(path: str, fmt: str) -> bool:
@@ -145,31 +149,47 @@ def _splittable_text(path: str, fmt: str) -> bool:
         return False
 
 
-def _pieces(path: str, fmt: str, rows: int) -> list[tuple[int, int, int | None]]:
-    """(position, lines before it, records up to the next piece or None) of the places a slice may start
-    inside one input (its start first)."""
+def _file_points(grid: Grid, paths: Sequence[str], fmts: Sequence[str], f: int
+                 ) -> tuple[list[tuple[int, int]], int | None, bool]:
+    """(position, records before it) of the cuts a slice may start at inside input `f` (its start excluded), its
+    records (None: not known without reading it), and whether a cut falls at (or is moved to) its end, where a
+    run then ends a batch and a pool."""
+    path, fmt = paths[f], fmts[f]
+    inside = sorted({c for c in grid.cuts.get(f, []) if c > 0})
     if fmt == "parquet":
         with open_parquet(path) as pf:
-            md = pf.metadata
-            out: list[tuple[int, int, int | None]] = []
-            at = 0
-            for g in range(md.num_row_groups):
-                n = md.row_group(g).num_rows
-                out.append((at, at, n))
-                at += n
-            return out or [(0, 0, 0)]
+            total = pf.metadata.num_rows
+        return [(row, row) for row in inside if row < total], total, any(row >= total for row in inside)
     if _splittable_text(path, fmt):
-        cuts, lines = _text_cuts(path, rows)
-        starts = [(0, 0), *cuts]
-        ends = [line for _, line in cuts] + [lines]
-        return [(pos, line, end - line) for (pos, line), end in zip(starts, ends, strict=True)]
-    return [(0, 0, count_records(path, fmt))]
+        found, lines = line_points(path, inside, grid.block)
+        return sorted({x for x in found if x is not None}), lines, any(x is None for x in found)
+    # read front to back (CSV, compressed, an object's text): no slice starts inside; a cut the grid moved to
+    # the end (`embedcli.run.grid.seekable`) is known to end a batch there, one inside text is not
+    return [], count_records(path, fmt), bool(inside) and not seekable(path, fmt)
 
 
-def cut_lines(rows: int, block: int = BLOCK_LINES) -> int:
-    """Lines between a text file's cuts: `CUT_LINES`, or `rows` when fewer, rounded up to whole blocks of
-    `block` lines (the readers stop a slice only between blocks, `embedcli.io.line_blocks`)."""
-    return -(-min(rows, CUT_LINES) // block) * block
+def _pieces(grid: Grid, paths: Sequence[str], fmts: Sequence[str]) -> list[tuple[ReadPoint, int | None]]:
+    """(where a slice may start, records from there to the next such place, None: not known) over the inputs,
+    from their start: the inputs' start and the cuts of `grid` a worker can open at (the module docstring)."""
+    points: list[tuple[ReadPoint, int | None]] = []
+    boundary = True  # the inputs' start
+
+    def add(records: int | None) -> None:
+        point, n = points[-1]
+        points[-1] = (point, None if n is None or records is None else n + records)
+
+    for f in range(len(paths)):
+        inside, total, at_end = _file_points(grid, paths, fmts, f)
+        if boundary or 0 in grid.cuts.get(f, ()):
+            points.append((ReadPoint(f, 0, 0), 0))
+        before = 0
+        for pos, records in inside:
+            add(records - before)
+            points.append((ReadPoint(f, pos, records), 0))
+            before = records
+        add(None if total is None else total - before)
+        boundary = at_end
+    return points
 
 
 def slice_rows(rows: int, total: int, workers: int) -> int:
@@ -183,27 +203,26 @@ def plan_slices(
     paths: Sequence[str],
     rows: int,
     *,
+    grid: Grid,
     workers: int = 1,
     begin: ReadPoint | None = None,
     first: Callable[[], FirstBatch] | None = None,
-    block: int = BLOCK_LINES,
 ) -> list[InputSlice]:
-    """The slices of `paths` from `begin` (None: their start) to their end, of about `rows` records each (fewer
-    when the inputs would give `workers` too few, `slice_rows`); `first()`: the inputs' first batch
-    (`first_batch`): a slice starting elsewhere takes the readers' state after it, and none starts inside it;
-    `block`: the readers' block lines (text is cut between blocks)."""
-    points: list[tuple[ReadPoint, int | None]] = []
+    """The slices of `paths` from `begin` (None: their start) to their end, each starting at a cut of `grid`
+    (the run's: `embedcli.run.grid.grid_of`), of about `rows` records (fewer when the inputs would give `workers`
+    too few, `slice_rows`); `first()`: the inputs' first batch (`first_batch`): a slice starting elsewhere takes
+    the readers' state after it, and none starts inside it."""
+    if not paths:
+        return []
     fmts = [detect_format(p, source.inputs.fmt) for p in paths]
-    for f, path in enumerate(paths):
-        for pos, line, count in _pieces(path, fmts[f], cut_lines(rows, block)):
-            points.append((ReadPoint(f, pos, line), count))
+    points = _pieces(grid, paths, fmts)
     # Sized by the whole inputs, a resumed run included: it cuts the rest as the first run did.
     rows = slice_rows(rows, sum(n or 0 for _, n in points), workers)
     if begin is not None:
         if begin.file >= len(paths):
             return []
         points = [(p, n) for p, n in points if p.order() >= begin.order()]
-        if not points or points[0][0].order() != begin.order():  # not one of this plan's cuts (another --shard-rows)
+        if not points or points[0][0].order() != begin.order():  # not one of this plan's (a local run's commit)
             points.insert(0, (begin, None))
         else:
             points[0] = (begin, points[0][1])  # with the readers' state recorded there

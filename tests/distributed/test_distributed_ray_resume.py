@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 from distributed_helpers import vectors, write_corpus
 
-from embedcli.run.slices import cut_lines
-
 pytest.importorskip("ray")
 
 ROWS = 3000
-SHARD_ROWS = 50  # 47 slices (of 64 lines: whole blocks): the run is still going when the test strikes
+SHARD_ROWS = 50
+SMALL = ("--max-batch-tokens", "16")  # cuts every 2 KiB: ~40 slices, the run is still going when the test strikes
 CHANGED = (7, 1234, 2999)
 
 
@@ -32,7 +31,7 @@ def _start(out: Path, corpus: Path, model: Path, cluster, stats: Path, *extra: s
     env = {**os.environ, **cluster.env, "EMBEDCLI_DTYPE": "float32"}
     argv = [sys.executable, "-m", "embedcli", "embed", str(corpus), "-m", str(model), "-o", str(out), "-q",
             "--shard-rows", str(SHARD_ROWS), "--stats", str(stats), "--engine", "ray", "--workers", "2",
-            "--ray-address", cluster.address, *extra]
+            "--ray-address", cluster.address, *SMALL, *extra]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -65,18 +64,20 @@ def _wait_for(seen: Callable[[], Any], proc: subprocess.Popen[str], what: str, t
     return found
 
 
-def _same_as_local(out: Path, local: Path) -> None:
+def _same_as_local(out: Path, local: Path, exact: bool = True) -> None:
+    """The local run's rows and vectors: bit for bit (a slice's forwards are the local run's), or to float
+    rounding for a rerun's computed rows (packed together wherever they are)."""
     ids, emb, meta = vectors(out)
     l_ids, l_emb, l_meta = vectors(local)
     assert ids == l_ids == [f"d{i}" for i in range(ROWS)]
-    assert np.abs(emb - l_emb).max() <= 1e-6
+    assert np.array_equal(emb, l_emb) if exact else np.abs(emb - l_emb).max() <= 1e-6
     assert meta["embedcli.config_hash"] == l_meta["embedcli.config_hash"]
 
 
 def test_a_killed_worker_or_driver_costs_only_its_slices(cli, st_model: Path, tmp_path: Path, ray_cluster) -> None:  # type: ignore[no-untyped-def]
     corpus = write_corpus(tmp_path / "corpus.jsonl", ROWS, seed=5)
     local = tmp_path / "local.parquet"
-    cli("embed", corpus, "-m", st_model, "-o", local, "-q", "--shard-rows", SHARD_ROWS)
+    cli("embed", corpus, "-m", st_model, "-o", local, "-q", "--shard-rows", SHARD_ROWS, *SMALL)
 
     # A worker (an actor's process) killed mid-run: Ray restarts it, its slice is done again, the run ends well.
     out = tmp_path / "worker.parquet"
@@ -107,8 +108,7 @@ def test_a_killed_worker_or_driver_costs_only_its_slices(cli, st_model: Path, tm
     assert proc.returncode == 0, err
     stats = json.loads((tmp_path / "d2.json").read_text())
     resumed = stats["resumed_rows"]
-    step = cut_lines(SHARD_ROWS)  # slices of --shard-rows lines, in whole blocks
-    assert resumed >= 3 * step and resumed % step == 0 and stats["computed_rows"] == ROWS - resumed
+    assert resumed >= 3 * SHARD_ROWS and stats["computed_rows"] == ROWS - resumed
     _same_as_local(out, local)
     assert not Path(f"{out}.embedcli-staging").exists()
 
@@ -124,5 +124,5 @@ def test_a_killed_worker_or_driver_costs_only_its_slices(cli, st_model: Path, tm
     stats = json.loads((tmp_path / "i.json").read_text())
     assert (stats["computed_rows"], stats["carried_rows"]) == (len(CHANGED), ROWS - len(CHANGED))
     local = tmp_path / "local-changed.parquet"
-    cli("embed", changed, "-m", st_model, "-o", local, "-q")
-    _same_as_local(out, local)
+    cli("embed", changed, "-m", st_model, "-o", local, "-q", *SMALL)
+    _same_as_local(out, local, exact=False)

@@ -108,3 +108,30 @@ def test_text_past_the_absolute_size_limit_is_a_bad_row(cli, st_model: Path, tmp
     ids, bad = _skip_run(cli, st_model, src, tmp_path)
     assert ids == ["ok"]
     assert [(e["location"], e["id"]) for e in bad] == [("line 2", "huge")] and "past the" in bad[0]["reason"]
+
+
+# -- --on-error fail: the first bad row in input order stops the run ---------------------------------
+
+
+@pytest.mark.parametrize(("bad", "first"), [
+    # a null text in one batch, a malformed line in the next (which the reader parses before it hands the
+    # first batch on): the null text stops the run
+    ({57: '{"id": "n57", "text": null}', 130: "{not json"}, "line 58"),
+    # both in one batch, the malformed line first
+    ({40: "{not json", 57: '{"id": "n57", "text": null}'}, "line 41"),
+    # a repeated id before a null text in the same batch (two kinds of checks): the repeat first
+    ({50: '{"id": "r3", "text": "again"}', 57: '{"id": "n57", "text": null}'}, "line 51"),
+    # a malformed line after the last batch's rows
+    ({159: "{not json"}, "line 160"),
+], ids=["next-batch", "same-batch", "repeat-then-null", "last-line"])
+def test_fail_stops_at_the_first_bad_row_in_input_order(cli, st_model: Path, tmp_path: Path, bad: dict, first: str) -> None:  # type: ignore[no-untyped-def]
+    lines = [json.dumps({"id": f"r{i}", "text": f"row {i} text"}) for i in range(160)]
+    for i, line in bad.items():
+        lines[i] = line
+    src = tmp_path / "c.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out, errors = tmp_path / "out.parquet", tmp_path / "errors.jsonl"
+    r = cli("embed", src, "-m", st_model, "-o", out, "-q", "--shard-rows", 40, "--errors-file", errors, code=1)
+    assert f"{first}" in r.stderr and "Traceback" not in r.stderr
+    assert [json.loads(x)["location"] for x in errors.read_text(encoding="utf-8").splitlines()] == [first]
+    assert not out.exists()
