@@ -442,7 +442,7 @@ class BatchBuilder:
             arr = arrow_array(values, type=known)
         except (pa.ArrowException, OverflowError, TypeError, ValueError):
             arr = None
-        if arr is not None and known is not None and any(_truncated(v, known) for v in values):
+        if arr is not None and known is not None and _has_integer(known) and any(_truncated(v, known) for v in values):
             arr = None  # a fraction in an integer column: a bad row, as a string there is, never cut silently
         if arr is not None:
             return known if known is not None or pa.types.is_null(arr.type) else arr.type
@@ -673,6 +673,17 @@ def _fits(value: Any, t: pa.DataType | None) -> bool:
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         return False
     return t is None or not _truncated(value, t)
+
+
+def _has_integer(t: pa.DataType) -> bool:
+    """Whether `t` holds an integer anywhere (only then can a value be cut to fit it: `_truncated`)."""
+    if pa.types.is_integer(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_integer(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _has_integer(t.value_type)
+    return False
 
 
 def _truncated(value: Any, t: pa.DataType) -> bool:
