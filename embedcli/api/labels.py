@@ -25,7 +25,7 @@ class ClassifyMethods(Session):
         logit_mean: float | None = None,
         logit_sigma: float | None = None,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
         strip: bool = False,
     ) -> Any:
         """`embedcli classify`: a pyarrow Table `label, score[, top_labels, top_scores][, scores]`, one row per

@@ -40,7 +40,7 @@ class PairMethods(Session):
         weights: Sequence[float] | None = None,
         raw_scores: bool = False,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
     ) -> np.ndarray:
         """`embedcli score`: float32 scores of the pairs (left[i], right[i]); one `left` text against every `right`
         text (`score --left`), or every `left` text against one `right` text."""
@@ -73,7 +73,7 @@ class PairMethods(Session):
         weights: Sequence[float] | None = None,
         raw_scores: bool = False,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
     ) -> Any:
         """`embedcli rerank`: a pyarrow Table `query_id, id, score, rank[, text]`, each query's documents best
         first (a stable sort: ties keep input order), cut to `top_n` (0: all). Documents' ids are `ids`, else

@@ -51,7 +51,7 @@ class Session:
 
     def _embed_recipe(
         self, normalize: bool | None = None, dimensions: int | None = None, prompt: str | None = None,
-        prompt_name: str | None = None, long_inputs: str = "truncate", truncation_side: str = "right",
+        prompt_name: str | None = None, long_inputs: str = "truncate", truncation_side: str | None = None,
         strip: bool = False,
     ) -> RunnerRecipe:
         """`embedcli embed`'s recipe; what is not given here is the constructor's (a prompt asked here replaces

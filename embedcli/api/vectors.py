@@ -31,7 +31,7 @@ class VectorMethods(Session):
         prompt: str | None = None,
         prompt_name: str | None = None,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
         strip: bool = False,
         precision: str = "float32",
         calibration: str | None = None,
@@ -57,7 +57,7 @@ class VectorMethods(Session):
         prompt: str | None = None,
         prompt_name: str | None = None,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
         strip: bool = False,
     ) -> Any:
         """`embedcli embed --outputs` on BGE-M3: a pyarrow Table with each asked output's columns, in the order
@@ -82,7 +82,7 @@ class VectorMethods(Session):
         keep_special: bool = False,
         step_tag_id: int | None = None,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
         strip: bool = False,
     ) -> Any:
         """`embedcli token-embed`: a pyarrow Table `token_ids` (list<int32>), `embeddings`
@@ -109,7 +109,7 @@ class VectorMethods(Session):
         returned_token_ids: Sequence[int] | None = None,
         keep_special: bool = False,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
         strip: bool = False,
     ) -> Any:
         """`embedcli token-classify`: a pyarrow Table `token_ids`, `labels` (list<string>), `scores`
@@ -133,7 +133,7 @@ class VectorMethods(Session):
         prompt: str | None = None,
         prompt_name: str | None = None,
         long_inputs: str = "truncate",
-        truncation_side: str = "right",
+        truncation_side: str | None = None,
         strip: bool = False,
     ) -> Any:
         """`embedcli sparse-embed`: a pyarrow Table `indices` (list<int32>, ascending), `values` (list<float32>)

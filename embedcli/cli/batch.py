@@ -62,7 +62,7 @@ def run_batch(
     method: Literal["auto", "cross-encoder", "cosine", "maxsim", "sparse"] = OPT_METHOD,
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
     pair_template: str | None = OPT_PAIR_TEMPLATE,
     instruction: str | None = OPT_INSTRUCTION,

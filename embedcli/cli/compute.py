@@ -95,7 +95,7 @@ def embed(
     prompt: str | None = OPT_EMBED_PROMPT,
     prompt_name: str | None = OPT_EMBED_PROMPT_NAME,
     long_inputs: Literal["truncate", "error", "chunk"] = OPT_EMBED_LONG_INPUTS,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     precision: Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"] = OPT_EMBED_PRECISION,
     calibration: str | None = OPT_EMBED_CALIBRATION,
     quantize: bool = OPT_EMBED_QUANTIZE,
@@ -165,7 +165,7 @@ def rerank(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     top_n: int = typer.Option(
         0, "--top-n", envvar=env("top-n"), rich_help_panel=OUTPUT, help="Keep the N best documents per query (0: all)."
     ),
@@ -251,7 +251,7 @@ def score(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     raw_scores: bool = OPT_RAW_SCORES,
     classifier_from_tokens: str | None = OPT_CLASSIFIER_TOKENS,
     pair_template: str | None = OPT_PAIR_TEMPLATE,
@@ -321,7 +321,7 @@ def classify(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     top_k: int = typer.Option(
         1, "--top-k", envvar=env("top-k"), rich_help_panel=OUTPUT,
         help="With K > 1, add top_labels and top_scores: the K best labels, best first (ties in label order).",
@@ -392,7 +392,7 @@ def token_embed(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     normalize: bool | None = typer.Option(
         None, "--normalize/--no-normalize", envvar=env("normalize"), rich_help_panel=OUTPUT,
         help="L2-normalize each token vector (default: as the model says).", show_default=False,
@@ -459,7 +459,7 @@ def token_classify(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     keep_special: bool = OPT_KEEP_SPECIAL,
     all_scores: bool = typer.Option(
         False, "--all-scores", envvar=env("all-scores"), rich_help_panel=OUTPUT,

@@ -85,7 +85,7 @@ def sparse_embed(
     max_batch_tokens: int | None = OPT_MAX_TOKENS,
     max_length: int | None = OPT_MAX_LENGTH,
     long_inputs: Literal["truncate", "error"] = OPT_LONG_NO_CHUNK,
-    truncation_side: Literal["right", "left"] = OPT_TRUNC_SIDE,
+    truncation_side: Literal["right", "left"] | None = OPT_TRUNC_SIDE,
     strip: bool = OPT_STRIP,
     prompt: str | None = OPT_EMBED_PROMPT,
     prompt_name: str | None = OPT_EMBED_PROMPT_NAME,

@@ -93,8 +93,10 @@ def cols(value: str) -> list[str]:
 
 # Options of the task commands (rerank, score, classify, token-embed, token-classify) ----------------------
 OPT_TRUNC_SIDE = typer.Option(
-    "right", "--truncation-side", envvar=env("truncation-side"), rich_help_panel=BATCHING,
-    help="Which end of an over-long input is cut: right keeps the start, left keeps the end.",
+    None, "--truncation-side", envvar=env("truncation-side"), rich_help_panel=BATCHING,
+    help="Which end of an over-long input is cut: right keeps the start, left keeps the end (default: the "
+    "model's tokenizer's truncation_side; right when it names none).",
+    show_default=False,
 )
 OPT_LONG_NO_CHUNK = typer.Option(
     "truncate", "--long-inputs", envvar=env("long-inputs"), rich_help_panel=BATCHING,

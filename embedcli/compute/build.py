@@ -111,7 +111,7 @@ def embed_recipe(
     prompt: str | None = None,
     prompt_name: str | None = None,
     long_inputs: str = "truncate",
-    truncation_side: str = "right",
+    truncation_side: str | None = None,
     threads: int | None = None,
 ) -> RunnerRecipe:
     """The recipe of `embedcli embed`'s runner for a resolved model (the model's default prompt applies)."""

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from embedcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from embedcli.models.spec import ModelSpec
 
 # The token budget of one packed forward when `--max-batch-tokens` is not given, by device type.
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 65536}
@@ -24,7 +27,7 @@ class RunnerOptions:
     max_batch_tokens: int | None = None
     max_length: int | None = None
     long_inputs: LongInputs = "truncate"
-    truncation_side: Literal["right", "left"] = "right"
+    truncation_side: Literal["right", "left"] | None = None  # None: the model's (its tokenizer's) side
     # Whitespace is kept, as sentence-transformers >= 5.4, vLLM and TEI do; `--strip` opts in to the old rule.
     strip: bool = False
     prompt: str = ""
@@ -49,6 +52,11 @@ class RunnerOptions:
         """Tokens of one forward on a device of `device_type`: `--max-batch-tokens`, else the device's default."""
         return int(self.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device_type, DEFAULT_MAX_BATCH_TOKENS["cpu"]))
 
+
+
+def resolved_side(options: RunnerOptions, spec: ModelSpec) -> Literal["right", "left"]:
+    """The side a run cuts over-long inputs on: `--truncation-side`, else the model's tokenizer's."""
+    return options.truncation_side or ("left" if spec.truncation_side == "left" else "right")
 
 
 def run_dimensions(dimensions: int | None, truncate_dim: int | None, task: str) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from embedcli.compute.options import run_dimensions
+from embedcli.compute.options import resolved_side, run_dimensions
 from embedcli.compute.static import static_dimensions, static_dtype
 from embedcli.models.precision import planned_dtype
 
@@ -31,6 +31,7 @@ class RunnerPlan:
     dtype: str
     dtype_reason: str
     quantize: bool
+    truncation_side: str
 
     @classmethod
     def of(cls, runner: Runner | StaticRunner) -> RunnerPlan:
@@ -45,6 +46,7 @@ class RunnerPlan:
             dtype=str(model.dtype).removeprefix("torch."),
             dtype_reason=getattr(model, "dtype_reason", ""),
             quantize=bool(model.options.quantize),
+            truncation_side=str(runner.options.truncation_side),
         )
 
 
@@ -72,4 +74,5 @@ def plan_runner(recipe: RunnerRecipe) -> RunnerPlan | None:
         dtype=dtype[0],
         dtype_reason=dtype[1],
         quantize=bool(recipe.model_options.quantize),
+        truncation_side=resolved_side(options, spec),
     )

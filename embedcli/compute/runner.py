@@ -17,7 +17,7 @@ import torch
 from embedcli.compute.options import RunnerOptions as RunnerOptions
 from embedcli.compute.options import RunStats as RunStats
 from embedcli.compute.options import TokenRows as TokenRows
-from embedcli.compute.options import run_dimensions
+from embedcli.compute.options import resolved_side, run_dimensions
 from embedcli.compute.prefill import run_long
 from embedcli.errors import LongInputError, PoolingConfigError
 from embedcli.models.checkpoint.st_config import prompt_token_count
@@ -79,6 +79,10 @@ class Runner:
                 f"--long-inputs chunk is not defined for pooling {spec.seq_pooling_type} ({spec.pooling_source}): "
                 "a token-weighted mean of chunk vectors equals no whole-row value; use truncate or error"
             )
+        # The flag, else the model's side; in the options too, which the output's provenance records.
+        self._side_source = "--truncation-side" if self.options.truncation_side else spec.truncation_side_source
+        self.truncation_side = resolved_side(self.options, spec)
+        self.options = dataclasses.replace(self.options, truncation_side=self.truncation_side)
         self.max_length = self.options.max_length or spec.max_length
         self.max_batch_tokens = self.options.token_budget(model.device.type)
         self.params = PoolingParams(
@@ -125,10 +129,11 @@ class Runner:
         if spec.include_prompt or self.options.task != "embed":
             return 0
         count = prompt_token_count(self._tokenizer, self._special_ids, self.options.prompt)
-        if count and self.options.truncation_side == "left":
+        if count and self.truncation_side == "left":
             # Cutting from the left would eat the prompt, and the first `count` tokens left would be text.
             raise PoolingConfigError(
-                f"--truncation-side left with include_prompt=false ({spec.pooling_source}) and a prompt is not supported"
+                f"truncation side left ({self._side_source}) with include_prompt=false ({spec.pooling_source}) and a "
+                "prompt is not supported; pass --truncation-side right"
             )
         return count
 
@@ -153,7 +158,7 @@ class Runner:
         mode = self.options.long_inputs
         tok = self._tokenizer
         if mode == "truncate":
-            tok.enable_truncation(self.max_length, strategy="longest_first", direction=self.options.truncation_side)
+            tok.enable_truncation(self.max_length, strategy="longest_first", direction=self.truncation_side)
         else:
             tok.no_truncation()
         prepared: list[Any] = [
@@ -163,9 +168,9 @@ class Runner:
         ]
         if mode == "truncate" and self._clip_bound.needed(prepared):
             # cut huge texts by characters first; same tokens (embedcli.models.tokenization.char_clip)
-            clipped, cut = clip_texts(prepared, self._clip_bound.value, self.options.truncation_side)
+            clipped, cut = clip_texts(prepared, self._clip_bound.value, self.truncation_side)
             encodings = tok.encode_batch(clipped)
-            for i in unsafe_cuts(clipped, encodings, cut, self.options.truncation_side):
+            for i in unsafe_cuts(clipped, encodings, cut, self.truncation_side):
                 encodings[i] = tok.encode(prepared[i])
         else:
             encodings = tok.encode_batch(prepared)
@@ -219,7 +224,7 @@ class Runner:
             rows = [i for i, r in enumerate(roles) if r == role]
             encoded = self._roles.encode(
                 [self._prepare(str(texts[i])) for i in rows], role,
-                truncate=self.options.long_inputs == "truncate", side=self.options.truncation_side,
+                truncate=self.options.long_inputs == "truncate", side=self.truncation_side,
                 first_row=first_row, locate=(lambda j, rows=rows: locate(rows[j])) if locate else None,
             )
             for i, seq in zip(rows, encoded, strict=True):

@@ -6,6 +6,7 @@ It stands where `Runner` stands (built by `build_runner`, run by the same `Job` 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedcli.compute.options import RunnerOptions, RunStats, run_dimensions
+from embedcli.compute.options import RunnerOptions, RunStats, resolved_side, run_dimensions
 from embedcli.errors import LongInputError, PoolingConfigError, UsageError
 from embedcli.models.options import ModelOptions
 from embedcli.models.spec import ModelSpec
@@ -75,8 +76,9 @@ class StaticRunner:
 
         if options.task != "embed":
             raise PoolingConfigError(f"Model {spec.name!r} cannot do {options.task!r}; it supports embed")
-        if options.truncation_side != "right":
+        if options.truncation_side == "left":
             raise UsageError("--truncation-side left: static models cut long texts as their library does (the end)")
+        options = dataclasses.replace(options, truncation_side=resolved_side(options, spec))
         static_dtype(model_options)
         self.options = options
         self.model = StaticLoaded(spec, model_options, StaticModel(spec))

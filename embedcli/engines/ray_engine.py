@@ -259,7 +259,7 @@ def embed_spec(
     prompt: str | None = None,
     prompt_name: str | None = None,
     long_inputs: str = "truncate",
-    truncation_side: str = "right",
+    truncation_side: str | None = None,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     threads: int | None = None,

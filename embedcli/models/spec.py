@@ -37,6 +37,7 @@ from embedcli.models.checkpoint.st_config import (
     read_sbert_config,
     read_similarity,
     read_truncate_dim,
+    read_truncation_side,
     refuse_modular_cross_encoder,
     refuse_non_transformer,
 )
@@ -136,6 +137,9 @@ class ModelSpec:
     static_folder: str | None = None
     static_max_tokens: int | None = None
     truncate_dim: int | None = None
+    # The side the tokenizer cuts over-long inputs on (`--truncation-side`'s default), and where it was read.
+    truncation_side: str | None = None
+    truncation_side_source: str = ""
     # A late-interaction (ColBERT) model: its projector is the token projection, its vectors come per role.
     late_interaction: LateInteraction | None = None
     content_hash: str = field(default="", compare=False)
@@ -223,6 +227,10 @@ class ModelSpec:
         data = self.to_dict()
         for volatile in ("name", "path", *_HOW_IT_RUNS):
             data.pop(volatile)
+        # The side a run cuts on is in its own config (`truncation_side`, the flag or this default): left out here,
+        # every model keeps the hash its outputs were made with.
+        for key in ("truncation_side", "truncation_side_source"):
+            data.pop(key)
         # Fields of the LLM-reranker and SPLADE heads are left out while unset, so every other model keeps
         # the hash (and its outputs stay resumable and --incremental) across this addition.
         for key in (*FAMILY_FIELDS, *STATIC_FIELDS):
@@ -525,6 +533,7 @@ def load_model_spec(
     plan = _plan(folder, base, head, trust_remote_code, backbone)
     refuse_modular_cross_encoder(folder, st_cfg, mods.types, head)
     sbert = read_sbert_config(folder)
+    side, side_source = read_truncation_side(folder)
     config = base.config
     num_labels, id2label = _labels(config, base.head)
     # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.
@@ -578,6 +587,8 @@ def load_model_spec(
         late_interaction=late,
         # sentence-transformers' encode keeps the first truncate_dim values of a sentence embedding by default.
         truncate_dim=read_truncate_dim(folder, st_cfg, embedding_size) if head == "base" and late is None else None,
+        truncation_side=side,
+        truncation_side_source=side_source,
         content_hash=_hash_files(
             folder,
             ["config.json", "tokenizer.json", *weights, *(f"{d.path}/model.safetensors" for d in projector if d.path),

@@ -80,7 +80,7 @@ class BatchOptions:
 
     method: str = "auto"
     max_batch_tokens: int | None = None
-    truncation_side: str = "right"
+    truncation_side: str | None = None
     calibration: str | None = None  # int8/uint8 ranges for /v2/embed
 
 

@@ -46,7 +46,7 @@ class ClassifyOptions:
     logit_sigma: float | None = None
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
-    truncation_side: str = "right"
+    truncation_side: str | None = None
     strip: bool = False
     pair_col: str | None = None  # each row's second text: the row is classified as a pair
 

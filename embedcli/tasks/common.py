@@ -159,7 +159,7 @@ def planned_provenance(
         "projector": [asdict(d) for d in spec.projector],
         "max_length": plan.max_length,
         "long_inputs": options.long_inputs,
-        "truncation_side": options.truncation_side,
+        "truncation_side": plan.truncation_side,
         "strip": options.strip,
         "prompt": options.prompt,
         "dtype": plan.dtype,

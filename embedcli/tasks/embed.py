@@ -58,7 +58,7 @@ class EmbedOptions:
     prompt: str | None = None
     prompt_name: str | None = None
     long_inputs: str = "truncate"
-    truncation_side: str = "right"
+    truncation_side: str | None = None
     precision: str = "float32"
     calibration: str | None = None
     # BGE-M3: any of dense, sparse, colbert as columns of one output, from one forward per pack.

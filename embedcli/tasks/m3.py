@@ -40,7 +40,7 @@ class HybridRequest:
     prompt: str | None = None
     prompt_name: str | None = None
     long_inputs: str = "truncate"
-    truncation_side: str = "right"
+    truncation_side: str | None = None
 
 
 def check_hybrid(spec: ModelSpec, request: HybridRequest, *, precision: str, dimensions: int | None,

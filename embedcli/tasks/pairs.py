@@ -66,7 +66,7 @@ class PairOptions:
     raw_scores: bool = False
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
-    truncation_side: str = "right"
+    truncation_side: str | None = None
     weights: tuple[float, ...] | None = None  # --method m3: [dense, sparse, colbert] (default FlagEmbedding's 1,1,1)
 
 

@@ -51,7 +51,7 @@ class SparseOptions:
     with_tokens: bool = False
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
-    truncation_side: str = "right"
+    truncation_side: str | None = None
     strip: bool = False
     prompt: str | None = None
     prompt_name: str | None = None

@@ -52,7 +52,7 @@ class TokenOptions:
     logit_sigma: float | None = None
     max_batch_tokens: int | None = None
     long_inputs: str = "truncate"
-    truncation_side: str = "right"
+    truncation_side: str | None = None
     strip: bool = False
     role: str = "auto"  # token-embed on a late-interaction model: query or document (auto: document)
 

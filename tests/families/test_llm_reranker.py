@@ -177,7 +177,7 @@ def test_preset_and_info_show_tokens_template_and_formula(cli, rerankers, tmp_pa
     assert "rerank" in data["commands"] and "score" in data["commands"]
     data = json.loads(cli("info", saved, "--json").stdout)
     assert data["score_tokens"] == ["no", "yes"] and "text pair" in data["pair_format"]
-    assert list(data["choices"]) == ["pooling"]  # no classifier-activation row: the score formula is its own
+    assert list(data["choices"]) == ["pooling", "truncation side"]  # no classifier-activation row: the score formula is its own
     # The preset's prompt is what gets scored.
     from embedcli.models.llm_reranker import QWEN3_RERANKER_INSTRUCTION, QWEN3_RERANKER_TEMPLATE
 

@@ -206,4 +206,5 @@ def test_info_shows_splade_pooling_and_dot_similarity(cli, splade_models) -> Non
     assert data["choices"] == {
         "pooling": "SPLADE sum of relu (modules.json: SpladePooling)",
         "similarity": "dot (default (dot, as SparseEncoder))",
+        "truncation side": "right (default (right: the tokenizer names no side); --truncation-side overrides)",
     }

@@ -267,4 +267,4 @@ def test_left_truncation_with_an_excluded_prompt_is_refused(cli, tiny_model, tmp
     folder = build_st_model(tiny_model("bert"), tmp_path / "m", include_prompt=False, prompts={"query": "query: "})
     err = cli("embed", _texts_file(tmp_path, TEXTS), "-m", folder, "--prompt-name", "query", "--truncation-side", "left",
               "-o", tmp_path / "v.parquet", code=2)
-    assert "--truncation-side left with include_prompt=false" in err.stderr
+    assert "truncation side left (--truncation-side) with include_prompt=false" in err.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,14 +101,71 @@ def read_json(path: Path) -> Any:
     return data
 
 
-def read_sbert_config(folder: Path) -> dict[str, Any]:
-    """The first non-empty Transformer config of `folder` among SBERT_CONFIGS, as sentence-transformers loads it."""
+def _sbert_config(folder: Path) -> tuple[str, dict[str, Any]]:
+    """The name and contents of the first non-empty Transformer config of `folder` among SBERT_CONFIGS."""
     for name in SBERT_CONFIGS:
         path = folder / name
         data = read_json(path) if path.is_file() else None
         if isinstance(data, dict) and data:
-            return data
-    return {}
+            return name, data
+    return "", {}
+
+
+def read_sbert_config(folder: Path) -> dict[str, Any]:
+    """The first non-empty Transformer config of `folder` among SBERT_CONFIGS, as sentence-transformers loads it."""
+    return _sbert_config(folder)[1]
+
+
+# tokenizers writes tokenizer.json's keys in a fixed order, its truncation second: read from the file's head, not
+# by parsing a vocabulary of up to tens of megabytes at every model load.
+_TOKENIZER_JSON_HEAD = re.compile(r'\A\s*\{\s*"version"\s*:\s*"[^"]*"\s*,\s*"truncation"\s*:\s*')
+
+
+def _tokenizer_json_truncation(path: Path) -> Any:
+    """tokenizer.json's `truncation` value (None when absent)."""
+    with path.open("rb") as f:
+        head = f.read(4096).decode("utf-8", "ignore")
+    match = _TOKENIZER_JSON_HEAD.match(head)
+    if match is not None:
+        try:
+            return json.JSONDecoder().raw_decode(head, match.end())[0]
+        except json.JSONDecodeError:
+            pass  # a truncation block longer than the head: read the whole file
+    data = read_json(path)
+    return data.get("truncation") if isinstance(data, dict) else None
+
+
+def read_truncation_side(folder: Path) -> tuple[str, str]:
+    """The side the model's tokenizer cuts an over-long input on, and where that was read.
+
+    As sentence-transformers loads the tokenizer: the Transformer config's `tokenizer_args` (`processor_kwargs` in
+    sentence-transformers >= 6) are passed to transformers, which takes `truncation_side` from them, else from
+    tokenizer_config.json, else from tokenizer.json's truncation block; right when none names one.
+    """
+    name, sbert = _sbert_config(folder)
+    # sentence-transformers renames tokenizer_args to processor_kwargs, the old name replacing the new.
+    kwargs = sbert.get("tokenizer_args") if "tokenizer_args" in sbert else sbert.get("processor_kwargs")
+    key = "tokenizer_args" if "tokenizer_args" in sbert else "processor_kwargs"
+    candidates: list[tuple[Any, Path, str]] = []
+    if isinstance(kwargs, dict) and "truncation_side" in kwargs:
+        candidates.append((kwargs["truncation_side"], folder / name, f"{key}.truncation_side"))
+    tok_cfg = folder / "tokenizer_config.json"
+    config = read_json(tok_cfg) if tok_cfg.is_file() else {}
+    if isinstance(config, dict) and config.get("truncation_side") is not None:
+        candidates.append((config["truncation_side"], tok_cfg, "truncation_side"))
+    tok_json = folder / "tokenizer.json"
+    if not candidates and tok_json.is_file():
+        truncation = _tokenizer_json_truncation(tok_json)
+        if isinstance(truncation, dict) and truncation.get("direction") is not None:
+            direction = truncation["direction"]
+            candidates.append((direction.lower() if isinstance(direction, str) else direction, tok_json,
+                               "truncation.direction"))
+    if not candidates:
+        return "right", "default (right: the tokenizer names no side)"
+    side, path, where = candidates[0]
+    if side not in ("right", "left"):
+        raise ModelConfigError(f"{path}: {where} is {side!r}, not 'right' or 'left'; fix the file")
+    return side, f"{path.name}: {where}"
 
 
 def _rel(path: Path, folder: Path) -> str:
@@ -317,18 +375,23 @@ def model_choices(info: dict[str, Any]) -> list[tuple[str, str]]:
              if info.get("truncate_dim") else f"{info['embedding_size']} (--dimensions N keeps the first N)"),
             ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
         ]
+    side = ("truncation side", f"{info['truncation_side']} ({info['truncation_side_source']}; --truncation-side overrides)")
     if info.get("head") == "sparse":
         return [
             ("pooling", f"SPLADE {info['sparse_pooling']} of {info['sparse_activation']} (modules.json: SpladePooling)"),
             ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+            side,
         ]
     if info.get("late_interaction_head"):
         return [
             ("pooling", "none: one vector per token (late interaction)"),
             ("late_interaction", str(info["late_interaction_head"])),
             ("similarity", f"{info['similarity_fn_name']} ({info['similarity_source']})"),
+            side,
         ]
-    rows: list[tuple[str, str]] = [("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})")]
+    rows: list[tuple[str, str]] = [
+        ("pooling", f"{' + '.join(info['pooling_modes'])} ({info['pooling_source']})"), side,
+    ]
     if info.get("head") == "lm_score":  # its activation is the score formula, shown on its own row
         return rows
     if info.get("head") == "base":

@@ -1,0 +1,79 @@
+"""What a checkpoint's tokenizer files say about cutting and casing texts: each equals sentence-transformers' `encode`
+on a tiny checkpoint written as real ones ship, or is refused at load with one line, never run another way with exit 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS, build_legacy_st_model, edit_json
+
+TEXTS = [*SAMPLE_TEXTS, LONG_TEXT, "market " + LONG_TEXT + " oil", ""]
+
+
+def _texts_file(tmp_path: Path, texts: list[str]) -> Path:
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    return path
+
+
+def _vectors(path: Path) -> np.ndarray:
+    return np.stack(pq.read_table(path).column("embedding").to_numpy(zero_copy_only=False))
+
+
+def _run_config(path: Path) -> dict[str, object]:
+    return json.loads(pq.read_schema(path).metadata[b"embedcli.config"])
+
+
+# -- the tokenizer's own truncation side ------------------------------------------------------------------------------
+def _left_side(folder: Path, where: str) -> None:
+    """Make `folder`'s tokenizer cut on the left, written where `where` says checkpoints write it."""
+    if where == "tokenizer_config.json":
+        edit_json(folder / "tokenizer_config.json", lambda c: c.update(truncation_side="left"))
+    elif where in ("tokenizer_args", "processor_kwargs"):
+        edit_json(folder / "sentence_bert_config.json", lambda c: c.update({where: {"truncation_side": "left"}}))
+    else:  # tokenizer.json's truncation block, which transformers falls back to
+        edit_json(folder / "tokenizer.json", lambda c: c.update(
+            truncation={"direction": "Left", "max_length": 512, "strategy": "LongestFirst", "stride": 0}))
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "tokenizer_args", "processor_kwargs", "tokenizer.json"])
+def test_model_truncation_side_is_the_default(where, cli, tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = build_legacy_st_model(tiny_model("bert"), tmp_path / "m")  # max_seq_length 64: LONG_TEXT is cut
+    _left_side(folder, where)
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert st.tokenizer.truncation_side == "left"
+    src = _texts_file(tmp_path, TEXTS)
+    out = tmp_path / "v.parquet"
+    cli("embed", src, "-m", folder, "-o", out, "-q")
+    assert np.abs(_vectors(out) - st.encode(TEXTS)).max() <= 1e-6
+    assert _run_config(out)["truncation_side"] == "left"  # what a resume or --incremental run compares
+    choices = json.loads(cli("info", folder, "--json").stdout)["choices"]
+    assert choices["truncation side"].startswith("left (") and where in choices["truncation side"]
+    # The flag still wins.
+    right = tmp_path / "r.parquet"
+    cli("embed", src, "-m", folder, "--truncation-side", "right", "-o", right, "-q")
+    st.tokenizer.truncation_side = "right"
+    assert np.abs(_vectors(right) - st.encode(TEXTS)).max() <= 1e-6
+    assert _run_config(right)["truncation_side"] == "right"
+    assert np.abs(_vectors(right) - _vectors(out)).max() > 1e-3  # the long rows differ: the test can tell
+
+
+def test_model_truncation_side_in_the_python_api(tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from embedcli.api import Embedder
+
+    folder = build_legacy_st_model(tiny_model("bert"), tmp_path / "m")
+    _left_side(folder, "tokenizer_config.json")
+    st = SentenceTransformer(str(folder), device="cpu")
+    model = Embedder(str(folder), device="cpu", dtype="float32")
+    assert np.abs(model.embed(TEXTS) - st.encode(TEXTS)).max() <= 1e-6
+    st.tokenizer.truncation_side = "right"
+    assert np.abs(model.embed(TEXTS, truncation_side="right") - st.encode(TEXTS)).max() <= 1e-6
