@@ -123,10 +123,14 @@ class OrtEmbedder:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
+        from embedcli.models.tokenization.tokenizer import lowercase_inside
+
         folder = Path(folder)
         self.config = OnnxModelConfig(**json.loads((folder / "embedcli-onnx.json").read_text(encoding="utf-8")))
         self.max_length = max_length or self.config.max_length
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        if self.config.lower_case:
+            lowercase_inside(self.tokenizer)
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_length)
         options = ort.SessionOptions()
@@ -138,7 +142,7 @@ class OrtEmbedder:
 
     def embed(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Vectors of `texts` in input order; batches of `batch_size` sorted by token length, padded."""
-        prepared = [t.strip().lower() if self.config.lower_case else t.strip() for t in texts]
+        prepared = [t.strip() for t in texts]
         encodings = self.tokenizer.encode_batch(prepared)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         order = np.argsort(lengths, kind="stable")

@@ -143,9 +143,8 @@ class Runner:
 
     # -- tokenize ----------------------------------------------------------------------------------
     def _clean(self, text: str) -> str:
-        if self.options.strip:
-            text = text.strip()
-        return text.lower() if self.model.spec.do_lower_case else text
+        # do_lower_case lowercases inside the tokenizer (`lowercase_inside`), which spares special tokens.
+        return text.strip() if self.options.strip else text
 
     def _prepare(self, text: str) -> str:
         text = self._clean(text)
@@ -162,8 +161,7 @@ class Runner:
         else:
             tok.no_truncation()
         prepared: list[Any] = [
-            # A pair's second text is stripped and lower-cased like its first (sentence-transformers lowers
-            # every column); the prompt goes before the first only.
+            # A pair's second text is stripped like its first; the prompt goes before the first only.
             (self._prepare(t[0]), self._clean(t[1])) if isinstance(t, tuple) else self._prepare(t) for t in texts
         ]
         if mode == "truncate" and self._clip_bound.needed(prepared):

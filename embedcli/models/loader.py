@@ -33,7 +33,7 @@ from embedcli.models.precision import (
 from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenization.decoder_tokenizer import load_decoder_tokenizer_json
-from embedcli.models.tokenization.tokenizer import SpecialTokens, load_tokenizer_json
+from embedcli.models.tokenization.tokenizer import SpecialTokens, load_tokenizer_json, lowercase_inside
 from embedcli.pooling import (
     DispatchPooler,
     Pooler,
@@ -152,6 +152,8 @@ class LoadedModel:
         own = self._load_own_backbone()
         self.own_backbone = own is not None
         self.tokenizer = self._load_tokenizer()
+        if spec.do_lower_case:
+            lowercase_inside(self.tokenizer)
         self.backbone, classifier = own if own is not None else self._load_backbone()
         self.pooler_config = PoolerConfig(
             seq_pooling_type=spec.seq_pooling_type,  # type: ignore[arg-type]  # a checked pooling name, kept as str in the spec

@@ -221,7 +221,7 @@ def probe_outputs(model: LoadedModel, task: str, texts: Sequence[str] = PROBE_TE
     tok = model.tokenizer
     tok.enable_truncation(probe_length(spec))
     try:
-        prepared = [t.strip().lower() if spec.do_lower_case else t.strip() for t in texts]
+        prepared = [t.strip() for t in texts]  # do_lower_case: inside the loaded tokenizer
         encodings = tok.encode_batch(prepared)
     finally:
         tok.no_truncation()  # the loader's state: the runner sets its own truncation per call

@@ -77,3 +77,25 @@ def test_model_truncation_side_in_the_python_api(tiny_model, tmp_path) -> None:
     assert np.abs(model.embed(TEXTS) - st.encode(TEXTS)).max() <= 1e-6
     st.tokenizer.truncation_side = "right"
     assert np.abs(model.embed(TEXTS, truncation_side="right") - st.encode(TEXTS)).max() <= 1e-6
+
+
+# -- do_lower_case: lowercased inside the tokenizer, special tokens spared ----------------------------------------------
+LOWER_TEXTS = ["Hello [SEP] World", "[CLS] The Bank [MASK] Rates", "Café PRICES rose [SEP][SEP]", "[sep] [Mask] Zzz"]
+
+
+@pytest.mark.parametrize(("cased", "prompt"), [(False, None), (True, None), (True, "Query [SEP] ")])
+def test_do_lower_case_spares_special_tokens(cased, prompt, cli, tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = build_legacy_st_model(tiny_model("bert"), tmp_path / "m")
+    edit_json(folder / "sentence_bert_config.json", lambda c: c.update(do_lower_case=True))
+    if cased:  # a cased tokenizer: only do_lower_case lowercases
+        edit_json(folder / "tokenizer_config.json", lambda c: c.update(do_lower_case=False))
+    st = SentenceTransformer(str(folder), device="cpu")
+    ids = st.tokenizer(LOWER_TEXTS[0])["input_ids"]
+    assert ids.count(st.tokenizer.sep_token_id) == 2  # the text's [SEP] is the special token to sentence-transformers
+    src = _texts_file(tmp_path, LOWER_TEXTS)
+    out = tmp_path / "v.parquet"
+    cli("embed", src, "-m", folder, "-o", out, "-q", *(("--prompt", prompt) if prompt else ()))
+    assert np.abs(_vectors(out) - st.encode(LOWER_TEXTS, prompt=prompt)).max() <= 1e-6
+

@@ -58,6 +58,25 @@ def _bert_normalizer(tokenizer: Tokenizer, config: dict[str, Any]) -> None:
     )
 
 
+def lowercase_inside(tokenizer: Tokenizer) -> None:
+    """Lowercase texts inside `tokenizer`, as sentence-transformers applies `do_lower_case`: a Lowercase normalizer
+    first, unless one is there already.
+
+    A normalizer runs after added and special tokens are split off, so a text's `[SEP]` stays the special token
+    (lowering the text in Python first would make it `[sep]`, plain word pieces), and a prompt is lowercased too.
+    """
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.normalizers import Sequence as NormalizerSequence
+
+    current = tokenizer.normalizer
+    steps: list[Any] = [current] if current is not None else []
+    if isinstance(current, NormalizerSequence):
+        steps = list(current)  # type: ignore[call-overload]  # tokenizers' stubs omit a Sequence's len and indexing
+    if any(isinstance(step, Lowercase) for step in steps):
+        return
+    tokenizer.normalizer = NormalizerSequence([Lowercase(), *steps])
+
+
 class SpecialTokens:
     """The special tokens of a tokenizer.json + tokenizer_config.json pair, as transformers names them.
 
