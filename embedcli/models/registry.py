@@ -340,6 +340,9 @@ class ModelEntry:
     keys: tuple[ConfigKey, ...] = ()
     decoder: bool = False  # a causal-LM family: LAST pooling by default, decoder tokenizers, LM-head rerankers
     position_offset: bool = False  # fairseq position ids, starting after the padding index
+    # A learned (or fixed) table of absolute positions: no sequence may be longer than it (max_position_embeddings,
+    # less the offset). Rotary and relative families have no such table and may run past max_position_embeddings.
+    absolute_positions: bool = False
     token_types: bool = False  # the forward takes token type ids
     bidirectional_key: str | None = None  # a decoder whose config can switch causal attention off
     # The checkpoints ship their architecture as remote code (auto_map) that the own backbone reimplements
@@ -356,7 +359,7 @@ class ModelEntry:
 
 
 def _entries() -> tuple[ModelEntry, ...]:
-    bert_like: dict[str, Any] = {"keys": BERT_KEYS, "token_types": True}
+    bert_like: dict[str, Any] = {"keys": BERT_KEYS, "token_types": True, "absolute_positions": True}
     roberta_like: dict[str, Any] = {
         **bert_like,
         "keys": (*BERT_KEYS, ConfigKey("pad_token_id", 1, any_value, "the padding id (position offset)")),
@@ -375,6 +378,7 @@ def _entries() -> tuple[ModelEntry, ...]:
         ),
         ModelEntry(
             "DistilBertModel", ("distilbert",), "embedcli.models.backbones.distilbert:DistilBertModel",
+            absolute_positions=True,  # learned, or sinusoidal rows of the same fixed table
             keys=(
                 ConfigKey("activation", "gelu", _activation, "the feed-forward activation"),
                 ConfigKey("sinusoidal_pos_embds", False, falsy, "fixed sinusoidal position embeddings"),
@@ -387,6 +391,7 @@ def _entries() -> tuple[ModelEntry, ...]:
                 ConfigKey("relative_attention_num_buckets", 32, any_value, "relative position buckets"),
             ),
             position_offset=True,
+            absolute_positions=True,  # a relative bias on top of learned absolute positions
         ),
         ModelEntry("LlamaModel", ("llama", "mistral"), "embedcli.models.backbones.llama:LlamaModel",
                    **{**decoder, "keys": (*DECODER_KEYS, *biased)}),
@@ -402,10 +407,11 @@ def _entries() -> tuple[ModelEntry, ...]:
                    heads=frozenset({"base", "sequence_classification"}), keys=GTE_KEYS, token_types=True,
                    replaces_remote_code=True),
         # Families served by transformers' modules alone (padded batches): the exact fallback by name.
-        ModelEntry("ElectraModel", ("electra",), None, token_types=True),
+        ModelEntry("ElectraModel", ("electra",), None, token_types=True, absolute_positions=True),
         ModelEntry("T5EncoderModel", ("t5",), None, base_class="T5EncoderModel"),
         ModelEntry("MT5EncoderModel", ("mt5",), None, base_class="MT5EncoderModel"),
         ModelEntry("UMT5EncoderModel", ("umt5",), None, base_class="UMT5EncoderModel"),
+        # No absolute_positions: DeBERTa-v3 (position_biased_input false) has relative positions only.
         ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True),
         # Gemma: the own backbones serve the yes/no LM-head score too (final logit cap included).
         ModelEntry("GemmaModel", ("gemma",), "embedcli.models.backbones.gemma:GemmaV1Model", heads=LM_HEADS, keys=GEMMA1_KEYS,

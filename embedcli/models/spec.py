@@ -40,6 +40,7 @@ from embedcli.models.checkpoint.st_config import (
     read_truncation_side,
     refuse_modular_cross_encoder,
     refuse_non_transformer,
+    sbert_config_name,
 )
 from embedcli.models.checkpoint.static_layout import STATIC_FIELDS, read_static
 from embedcli.models.checkpoint.weights_file import check_safetensors
@@ -430,6 +431,15 @@ def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layou
         tok_max = read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
         if isinstance(tok_max, int) and 0 < tok_max < model_max:
             st_max = tok_max
+    if st_max and entry is not None and entry.absolute_positions and int(st_max) > model_max:
+        # The first longer input would index past the position table (sentence-transformers and the forward fail
+        # there, mid-run): refused now. Rotary and relative families legitimately run past max_position_embeddings.
+        offset = ", less the padding offset" if entry.position_offset else ""
+        raise ModelConfigError(
+            f"{folder / sbert_config_name(folder)}: max_seq_length {st_max} exceeds the {model_max} learned positions "
+            f"of {base.architecture} ({folder / 'config.json'}: max_position_embeddings{offset}); lower it to "
+            f"{model_max} or pass --max-length {model_max}"
+        )
     return int(st_max or model_max)
 
 

@@ -99,3 +99,47 @@ def test_do_lower_case_spares_special_tokens(cased, prompt, cli, tiny_model, tmp
     cli("embed", src, "-m", folder, "-o", out, "-q", *(("--prompt", prompt) if prompt else ()))
     assert np.abs(_vectors(out) - st.encode(LOWER_TEXTS, prompt=prompt)).max() <= 1e-6
 
+
+# -- max_seq_length past a learned absolute position table: refused at load ---------------------------------------------
+LONGER_TEXTS = ["hello", LONG_TEXT * 2]  # past the tiny models' 128 positions, within 1000 tokens
+
+
+def _one_error_line(stderr: str, *needles: str) -> None:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("embedcli: error: "), stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize(("kind", "positions"), [("bert", 128), ("roberta", 126), ("distilbert", 128), ("mpnet", 126)])
+def test_max_seq_length_past_absolute_positions_is_refused(kind, positions, cli, tiny_model, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = build_legacy_st_model(tiny_model(kind), tmp_path / kind, max_seq_length=1000)
+    src = _texts_file(tmp_path, LONGER_TEXTS)
+    out = tmp_path / "v.parquet"
+    err = cli("embed", src, "-m", folder, "-o", out, code=1)  # a model config embedcli cannot serve
+    _one_error_line(err.stderr, str(folder / "sentence_bert_config.json"), "max_seq_length 1000",
+                    f"--max-length {positions}")
+    assert not out.exists()
+    # The way out the message names: the table's length, as sentence-transformers runs it.
+    cli("embed", src, "-m", folder, "--max-length", positions, "-o", out, "-q")
+    st = SentenceTransformer(str(folder), device="cpu")
+    st.max_seq_length = positions
+    assert np.abs(_vectors(out) - st.encode(LONGER_TEXTS)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "nomic"])
+def test_rotary_positions_may_run_past_max_position_embeddings(kind, cli, tiny_model, tmp_path) -> None:
+    from tests.fixtures.nomic_gte import build_nomic
+
+    if kind == "nomic":
+        folder = build_nomic(tmp_path / kind, n_positions=128)
+        edit_json(folder / "sentence_bert_config.json", lambda c: c.update(max_seq_length=1000))
+    else:
+        folder = build_legacy_st_model(tiny_model(kind), tmp_path / kind, max_seq_length=1000)
+    out = tmp_path / "v.parquet"
+    stats = tmp_path / "stats.json"
+    cli("embed", _texts_file(tmp_path, LONGER_TEXTS), "-m", folder, "-o", out, "-q", "--stats", stats)
+    assert json.loads(stats.read_text())["truncated_rows"] == 0  # the long row ran whole, past 128 positions
+    assert json.loads(cli("info", folder, "--json").stdout)["max_length"] == 1000

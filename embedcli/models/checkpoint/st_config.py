@@ -116,6 +116,11 @@ def read_sbert_config(folder: Path) -> dict[str, Any]:
     return _sbert_config(folder)[1]
 
 
+def sbert_config_name(folder: Path) -> str:
+    """The file name of `read_sbert_config`'s config ("" when there is none)."""
+    return _sbert_config(folder)[0]
+
+
 # tokenizers writes tokenizer.json's keys in a fixed order, its truncation second: read from the file's head, not
 # by parsing a vocabulary of up to tens of megabytes at every model load.
 _TOKENIZER_JSON_HEAD = re.compile(r'\A\s*\{\s*"version"\s*:\s*"[^"]*"\s*,\s*"truncation"\s*:\s*')
