@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
+from test_st_checkpoints import _one_error_line, _vectors
 
 from tests.fixtures.tiny_models import LONG_TEXT, SAMPLE_TEXTS
 
@@ -21,17 +21,6 @@ def _texts_file(tmp_path: Path, texts: list[str]) -> Path:
     path = tmp_path / "texts.jsonl"
     path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
     return path
-
-
-def _vectors(path: Path) -> np.ndarray:
-    return np.stack(pq.read_table(path).column("embedding").to_numpy(zero_copy_only=False))
-
-
-def _one_error_line(stderr: str, *needles: str) -> None:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("embedcli: error: "), stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 def _save(base: Path, folder: Path, stack: str, **st_kwargs: object) -> Path:
