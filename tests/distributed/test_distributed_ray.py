@@ -188,7 +188,7 @@ def test_incremental_slices_carry_a_changed_blocks_unchanged_lines(cli, st_model
     """Under `--incremental` a slice parses only the changed lines of a changed block, as the local loop does
     (they read the same rows), and the output is the bytes of a full run, row index included."""
     corpus = write_corpus(tmp_path / "corpus.jsonl", 3000, seed=5)
-    flags = ("--shard-rows", 500, "-q", *SMALL)
+    flags = ("--shard-rows", 500, "-q", "--max-batch-tokens", 64)  # cuts every 8 KiB: slices of ~500 lines
     out, local = tmp_path / "ray.parquet", tmp_path / "local.parquet"
     cli("embed", corpus, "-m", st_model, "-o", out, *flags, "--stats", tmp_path / "first.json", *ray_flags(driver))
     assert json.loads((tmp_path / "first.json").read_text())["shards"] >= 3

@@ -23,7 +23,7 @@ pytest.importorskip("ray")
 
 ROWS = 3000
 SHARD_ROWS = 50
-SMALL = ("--max-batch-tokens", "16")  # cuts every 2 KiB: ~40 slices, the run is still going when the test strikes
+SMALL = ("--max-batch-tokens", "64")  # cuts every 8 KiB: ~19 slices, the run is still going when the test strikes
 CHANGED = (7, 1234, 2999)
 
 
