@@ -67,3 +67,18 @@ def test_run_batch_refuses_its_request_file_as_output_before_loading(cli, tmp_pa
     # no model at all: the refusal comes first
     result = cli("run-batch", src, "-m", tmp_path / "no-model", "-o", src, "-q", code=2)
     assert "destroy the input" in result.stderr and src.read_bytes() == before
+
+
+def test_a_carriage_return_inside_a_line_is_no_line_break_for_the_duplicate_pre_pass(cli, st_model, tmp_path):  # type: ignore[no-untyped-def]
+    """A lone CR (JSON whitespace) does not end a request line for the reader; the custom_id pre-pass counted
+    lines with Python's universal newlines, so every later id was 'first on' another line: a false duplicate."""
+    lines = [req("a", {"input": "one"}).replace(', "url"', ',\r"url"'), req("b", {"input": "two"}),
+             req("c", {"input": "three"}), req("b", {"input": "again"})]
+    src = tmp_path / "requests.jsonl"
+    src.write_bytes("".join(x + "\n" for x in lines).encode("utf-8"))
+    out = tmp_path / "results.jsonl"
+    cli("run-batch", src, "-m", st_model, "-o", out, "-q", code=3)
+    got = _lines(out)
+    assert [x["custom_id"] for x in got] == ["a", "b", "c", "b"]
+    assert [x["response"]["status_code"] for x in got] == [200, 200, 200, 400]
+    assert "first on line 2" in got[3]["error"]["message"]
