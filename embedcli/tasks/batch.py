@@ -203,9 +203,9 @@ def run_batch(
         "command": "run-batch", "score_method": method, "logit_mean": mean, "logit_sigma": sigma,
         "served_names": list(served.names), "calibration": os.path.basename(opts.calibration or ""),
     })
-    # newline="\n": lines end where the txt reader ends them; universal newlines would also break at a lone CR
-    # (JSON whitespace), so every later line number, and with it each id's first line, would be off.
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+    # Lines as the txt reader reads them: newline="\n" (universal newlines would also break at a lone CR, JSON
+    # whitespace, shifting every later line number) and a leading BOM dropped (else line 1 is not JSON here).
+    with open(path, encoding="utf-8-sig", errors="replace", newline="\n") as f:
         seen = scan_custom_ids(f)
     created = resumed_created(output.path, path) or int(os.stat(path).st_mtime)
     meta[KEY_CREATED] = str(created)  # outside the config key; kept in the manifest for a resumed run

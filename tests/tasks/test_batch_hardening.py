@@ -82,3 +82,15 @@ def test_a_carriage_return_inside_a_line_is_no_line_break_for_the_duplicate_pre_
     assert [x["custom_id"] for x in got] == ["a", "b", "c", "b"]
     assert [x["response"]["status_code"] for x in got] == [200, 200, 200, 400]
     assert "first on line 2" in got[3]["error"]["message"]
+
+
+def test_a_leading_bom_does_not_hide_line_one_from_the_duplicate_pre_pass(cli, st_model, tmp_path):  # type: ignore[no-untyped-def]
+    """The reader drops a leading UTF-8 BOM; the pre-pass did not, so line 1's custom_id went unclaimed and a
+    later line with the same id was taken as its first: line 1 got the duplicate 400, the later line the 200."""
+    lines = [req("a", {"input": "one"}), req("b", {"input": "two"}), req("a", {"input": "again"})]
+    src = tmp_path / "requests.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + "".join(x + "\n" for x in lines).encode("utf-8"))
+    out = tmp_path / "results.jsonl"
+    cli("run-batch", src, "-m", st_model, "-o", out, "-q", code=3)
+    assert [x["response"]["status_code"] for x in _lines(out)] == [200, 200, 400]
+    assert "first on line 1" in _lines(out)[2]["error"]["message"]
