@@ -198,10 +198,13 @@ def run_batch(
     names = (choice.model, os.path.basename(os.path.normpath(choice.model))) if choice.model else ()
     served = ServedModel.from_spec(spec, names=tuple(n for n in names if n), score_method=method,
                                    vocab_size=vocab_size(runner.model))
-    ranges = make_quantizer("int8", opts.calibration).ranges if opts.calibration else None
+    quant = make_quantizer("int8", opts.calibration) if opts.calibration else None
+    ranges = quant.ranges if quant is not None else None
     meta = provenance(runner.model, runner, {
         "command": "run-batch", "score_method": method, "logit_mean": mean, "logit_sigma": sigma,
         "served_names": list(served.names), "calibration": os.path.basename(opts.calibration or ""),
+        # the ranges themselves, as `embed` records them: another file (or the same one rewritten) refuses to mix
+        **({"calibration_ranges": quant.config()["ranges"]} if quant is not None else {}),
     })
     # Lines as the txt reader reads them: newline="\n" (universal newlines would also break at a lone CR, JSON
     # whitespace, shifting every later line number) and a leading BOM dropped (else line 1 is not JSON here).

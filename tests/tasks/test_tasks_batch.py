@@ -277,3 +277,21 @@ def test_max_errors_counts_answered_bad_lines(cli, tiny_model, tmp_path):  # typ
     result = cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--max-errors", 2, code=1)
     assert "more than 2 bad rows" in result.stderr and "line 4" in result.stderr  # the third bad line, not the last
     cli("run-batch", src, "-m", tiny_model("bert-st"), "-o", out, "--max-errors", 5, "-q", code=3)
+
+
+def test_a_rerun_with_other_calibration_ranges_refuses_to_mix(cli, tiny_model, tmp_path):  # type: ignore[no-untyped-def]
+    """The config held only the calibration file's name: a rerun with other ranges under that name found the
+    output complete (exit 0) and kept int8 codes quantized with the old ranges."""
+    model = tiny_model("bert-st")
+    floats = tmp_path / "f.parquet"
+    cli("embed", texts_file(tmp_path, TEXTS), "-m", model, "-o", floats, "-q")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    vectors = np.stack(column(floats, "embedding")).astype(np.float32)
+    np.save(a / "cal.npy", vectors)
+    np.save(b / "cal.npy", vectors * 3)
+    lines = [req("c", "/v2/embed", {"texts": TEXTS, "embedding_types": ["int8"]})]
+    run_batch(cli, tmp_path, model, lines, "--calibration", a / "cal.npy")
+    src, out = tmp_path / "b.requests.jsonl", tmp_path / "b.results.jsonl"
+    err = cli("run-batch", src, "-m", model, "-o", out, "--calibration", b / "cal.npy", "-q", code=2)
+    assert "different config" in err.stderr
