@@ -443,11 +443,19 @@ def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layou
     return int(st_max or model_max)
 
 
-def _labels(config: dict[str, Any], head: str) -> tuple[int, tuple[str, ...]]:
+def _labels(config: dict[str, Any], head: str, config_path: Path) -> tuple[int, tuple[str, ...]]:
     if head == "base":
         return 0, ()
     id2label_raw = config.get("id2label") or {}
     num_labels = int(config.get("num_labels") or len(id2label_raw) or 2)
+    # A label id past the count (a gap: {0, 1, 3}) names an output row the labels cannot reach; transformers
+    # sizes the head by the count and refuses such a checkpoint, and the rows' labels would be misnamed.
+    stray = sorted(str(k) for k in id2label_raw if not (str(k).isdigit() and int(k) < num_labels))
+    if stray:
+        raise ModelConfigError(
+            f"{config_path}: id2label ids {', '.join(stray)} are not in 0..{num_labels - 1} (the model's "
+            f"{num_labels} labels); number the labels 0, 1, 2, ... with one entry per classifier output"
+        )
     id2label = tuple(str(id2label_raw.get(str(i), id2label_raw.get(i, f"LABEL_{i}"))) for i in range(num_labels))
     return num_labels, id2label
 
@@ -545,7 +553,7 @@ def load_model_spec(
     sbert = read_sbert_config(folder)
     side, side_source = read_truncation_side(folder)
     config = base.config
-    num_labels, id2label = _labels(config, base.head)
+    num_labels, id2label = _labels(config, base.head, folder / "config.json")
     # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.
     classifier = base.head != "base" and head != "lm_score"
     activation = read_classifier_activation(folder, config, st_cfg, num_labels) if classifier else None

@@ -104,6 +104,24 @@ def test_top_k_and_usage_errors(cli, task_models, tmp_path, two_threads):
     assert not (tmp_path / "x.parquet").exists()
 
 
+@pytest.mark.parametrize("id2label", [{"0": "world", "1": "sports", "3": "sci"}, {"0": "a", "1": "b", "2": "c", "x": "d"}])
+def test_id2label_ids_off_the_label_count_are_refused_at_load(cli, task_models, tmp_path, two_threads, id2label):  # type: ignore[no-untyped-def]
+    """A gap in id2label ({0, 1, 3}) made 3 labels of a 4-output head: a reshape traceback mid-run, exit 1."""
+    import shutil
+
+    folder = shutil.copytree(task_models("multi-class"), tmp_path / "gap")
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("num_labels", None)
+    config["id2label"] = id2label
+    config["label2id"] = {v: k for k, v in id2label.items()}
+    (folder / "config.json").write_text(json.dumps(config))
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": 1, "text": "a b"}) + "\n")
+    err = cli("classify", src, "-m", folder, "-o", tmp_path / "x.parquet", code=1)
+    assert "Traceback" not in err.stderr and "config.json: id2label ids" in err.stderr
+    assert not (tmp_path / "x.parquet").exists()
+
+
 def test_real_bbc_topic_classifier_reaches_085_held_out(cli, bbc_classifier, bbc_split, tmp_path, two_threads):
     test = bbc_split["test"]
     src = tmp_path / "held_out.jsonl"
