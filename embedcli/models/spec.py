@@ -40,6 +40,7 @@ from embedcli.models.checkpoint.st_config import (
     read_truncation_side,
     refuse_modular_cross_encoder,
     refuse_non_transformer,
+    sbert_config,
     sbert_config_name,
 )
 from embedcli.models.checkpoint.static_layout import STATIC_FIELDS, read_static
@@ -550,8 +551,8 @@ def load_model_spec(
     head, family = _family(folder, base, mods, st_cfg, reranker)
     plan = _plan(folder, base, head, trust_remote_code, backbone)
     refuse_modular_cross_encoder(folder, st_cfg, mods.types, head)
-    sbert = read_sbert_config(folder)
-    side, side_source = read_truncation_side(folder)
+    sbert_name, sbert = sbert_config(folder)
+    side, side_source = read_truncation_side(folder, sbert_name, sbert)
     config = base.config
     num_labels, id2label = _labels(config, base.head, folder / "config.json")
     # An LLM reranker's activation is its score formula (the LM head's pooler), not a classifier rule.

@@ -112,7 +112,7 @@ class RowChecks:
         valid = valid_rows(batch) if n else []
         if len(valid) < n:
             for i in sorted(set(range(n)) - set(valid)):
-                errors.append(self._bad(null_text_error(batch, i, NULL_FIX)))
+                errors.append(null_text_error(batch, i, NULL_FIX))
         h = id_hashes([batch.ids[i] for i in valid])
         numbers = np.asarray(batch.numbers, np.int64)[valid] if batch.numbers else np.zeros(len(valid), np.int64)
         return np.asarray(valid, np.int64), errors, h, pack_locations(files[valid], numbers)
@@ -124,13 +124,13 @@ class RowChecks:
         for j, packed in self.ids.add(h, locs):
             i = int(valid[j])
             first_file, first_where = self.ids.describe(packed)
-            errors.append(self._bad(InputError(
+            errors.append(InputError(
                 batch.source_of(i),
                 f"duplicate id {batch.ids[i]!r}: first seen at {display_path(first_file)} {first_where}",
                 location=batch.locations[i],
                 record_id=batch.ids[i],
                 fix="give every row a unique id (or pass --on-error skip to keep the first and skip the rest)",
-            )))
+            ))
             drop[j] = True
         return drop, errors
 
@@ -147,10 +147,6 @@ class RowChecks:
         valid, errors, h, locs = self.valid(batch, files)
         drop, repeated = self.repeats(batch, valid, h, locs)
         return valid[~drop], errors + repeated, h[~drop], locs[~drop]
-
-    def _bad(self, err: InputError) -> InputError:
-        # fail mode too: the batch raises its first bad row in input order once all of them are known
-        return err
 
     def count(self, errors: list[InputError]) -> None:
         """Add skipped rows to the run's total; TooManyErrors past `--max-errors`."""

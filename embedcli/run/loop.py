@@ -299,7 +299,7 @@ class Pipeline:
                 self._stopped(sink, stop)
             pool = held.popleft()
             answered = self._write(sink, pool, result)
-            errors = [e for w in pool.works for e in w.errors]
+            errors = pool.errors
             errors += answered
             if errors:
                 sink.add_errors([e.to_record() for e in errors])
@@ -347,7 +347,7 @@ class Pipeline:
                 computed = computed.table
                 if answered and self.flags.on_error == "fail":
                     raise answered[0]
-                read_errors = sum(len(w.errors) for w in pool.works)
+                read_errors = len(pool.errors)
                 self._check_max_errors(answered, read_errors)  # before anything of this pool is written
         out = self.carry.rows_out(pool.works, pool.compute_rows, computed, self.report)
         if out is None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from embedcli.errors import InputError
 from embedcli.run.checks import Work, joined
 
 POOL_RECORDS_PER_ROW = 64
@@ -28,6 +29,11 @@ class Pool:
     compute: Any = None
     compute_rows: int = 0
     records: int = 0
+
+    @property
+    def errors(self) -> list[InputError]:
+        """The bad rows its work items' reading and checks found, in input order."""
+        return [e for w in self.works for e in w.errors]
 
 
 def pooled(works: Iterable[Work], rows: int, chars: int | None) -> Iterator[Pool]:

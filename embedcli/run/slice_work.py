@@ -203,7 +203,7 @@ class SliceWork:
                     locations.append(np.asarray(to_numpy(index.column("loc")), np.int64))
                 elif table.num_rows:
                     result.ids_per_row = False
-            errors = [e for w in pool.works for e in w.errors]
+            errors = pool.errors
             errors += answered
             if errors:
                 records = [e.to_record() for e in errors]

@@ -101,7 +101,7 @@ def read_json(path: Path) -> Any:
     return data
 
 
-def _sbert_config(folder: Path) -> tuple[str, dict[str, Any]]:
+def sbert_config(folder: Path) -> tuple[str, dict[str, Any]]:
     """The name and contents of the first non-empty Transformer config of `folder` among SBERT_CONFIGS."""
     for name in SBERT_CONFIGS:
         path = folder / name
@@ -113,12 +113,12 @@ def _sbert_config(folder: Path) -> tuple[str, dict[str, Any]]:
 
 def read_sbert_config(folder: Path) -> dict[str, Any]:
     """The first non-empty Transformer config of `folder` among SBERT_CONFIGS, as sentence-transformers loads it."""
-    return _sbert_config(folder)[1]
+    return sbert_config(folder)[1]
 
 
 def sbert_config_name(folder: Path) -> str:
     """The file name of `read_sbert_config`'s config ("" when there is none)."""
-    return _sbert_config(folder)[0]
+    return sbert_config(folder)[0]
 
 
 # tokenizers writes tokenizer.json's keys in a fixed order, its truncation second: read from the file's head, not
@@ -140,17 +140,17 @@ def _tokenizer_json_truncation(path: Path) -> Any:
     return data.get("truncation") if isinstance(data, dict) else None
 
 
-def read_truncation_side(folder: Path) -> tuple[str, str]:
-    """The side the model's tokenizer cuts an over-long input on, and where that was read.
+def read_truncation_side(folder: Path, name: str, sbert: dict[str, Any]) -> tuple[str, str]:
+    """The side the model's tokenizer cuts an over-long input on, and where that was read (`name`, `sbert`: the
+    Transformer config, `sbert_config`).
 
     As sentence-transformers loads the tokenizer: the Transformer config's `tokenizer_args` (`processor_kwargs` in
     sentence-transformers >= 6) are passed to transformers, which takes `truncation_side` from them, else from
     tokenizer_config.json, else from tokenizer.json's truncation block; right when none names one.
     """
-    name, sbert = _sbert_config(folder)
     # sentence-transformers renames tokenizer_args to processor_kwargs, the old name replacing the new.
-    kwargs = sbert.get("tokenizer_args") if "tokenizer_args" in sbert else sbert.get("processor_kwargs")
     key = "tokenizer_args" if "tokenizer_args" in sbert else "processor_kwargs"
+    kwargs = sbert.get(key)
     candidates: list[tuple[Any, Path, str]] = []
     if isinstance(kwargs, dict) and "truncation_side" in kwargs:
         candidates.append((kwargs["truncation_side"], folder / name, f"{key}.truncation_side"))
