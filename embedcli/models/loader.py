@@ -239,7 +239,8 @@ class LoadedModel:
         transformers.utils.logging.set_verbosity_error()
 
         spec = self.spec
-        kwargs = {
+        # Any: from_pretrained's stubs type each keyword apart, and a dict[str, object] matches none of them.
+        kwargs: dict[str, Any] = {
             "dtype": self.weight_dtype,
             "local_files_only": True,
             "trust_remote_code": self.options.trust_remote_code,
