@@ -343,6 +343,9 @@ class ModelEntry:
     # A learned (or fixed) table of absolute positions: no sequence may be longer than it (max_position_embeddings,
     # less the offset). Rotary and relative families have no such table and may run past max_position_embeddings.
     absolute_positions: bool = False
+    # A config.json boolean that switches such a table on per checkpoint (DeBERTa's position_biased_input, on
+    # when absent, as transformers' config classes default it); it overrides `absolute_positions`.
+    absolute_positions_key: str | None = None
     token_types: bool = False  # the forward takes token type ids
     bidirectional_key: str | None = None  # a decoder whose config can switch causal attention off
     # The checkpoints ship their architecture as remote code (auto_map) that the own backbone reimplements
@@ -352,6 +355,13 @@ class ModelEntry:
     # The transformers class the fallback loads for embeddings (None: AutoModel), as sentence-transformers'
     # Transformer module picks it (T5 and mT5 run their encoder alone).
     base_class: str | None = None
+
+    def has_absolute_positions(self, config: Config) -> bool:
+        """Whether this checkpoint adds a learned absolute position table (no sequence may be longer)."""
+        if self.absolute_positions_key is None:
+            return self.absolute_positions
+        value = config.get(self.absolute_positions_key)
+        return True if value is None else bool(value)
 
     def causal(self, config: Config) -> bool:
         """Whether attention is causal for this checkpoint (what chunked prefill needs)."""
@@ -411,8 +421,10 @@ def _entries() -> tuple[ModelEntry, ...]:
         ModelEntry("T5EncoderModel", ("t5",), None, base_class="T5EncoderModel"),
         ModelEntry("MT5EncoderModel", ("mt5",), None, base_class="MT5EncoderModel"),
         ModelEntry("UMT5EncoderModel", ("umt5",), None, base_class="UMT5EncoderModel"),
-        # No absolute_positions: DeBERTa-v3 (position_biased_input false) has relative positions only.
-        ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True),
+        # DeBERTa-v3 (position_biased_input false) has relative positions only; v1/v2 configs that leave the
+        # key out or set it true add a learned absolute table too.
+        ModelEntry("DebertaV2Model", ("deberta-v2", "deberta"), None, token_types=True,
+                   absolute_positions_key="position_biased_input"),
         # Gemma: the own backbones serve the yes/no LM-head score too (final logit cap included).
         ModelEntry("GemmaModel", ("gemma",), "embedcli.models.backbones.gemma:GemmaV1Model", heads=LM_HEADS, keys=GEMMA1_KEYS,
                    decoder=True),

@@ -432,7 +432,7 @@ def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layou
         tok_max = read_json(tok_cfg_path).get("model_max_length") if tok_cfg_path.is_file() else None
         if isinstance(tok_max, int) and 0 < tok_max < model_max:
             st_max = tok_max
-    if st_max and entry is not None and entry.absolute_positions and int(st_max) > model_max:
+    if st_max and entry is not None and entry.has_absolute_positions(base.config) and int(st_max) > model_max:
         # The first longer input would index past the position table (sentence-transformers and the forward fail
         # there, mid-run): refused now. Rotary and relative families legitimately run past max_position_embeddings.
         offset = ", less the padding offset" if entry.position_offset else ""

@@ -143,3 +143,50 @@ def test_rotary_positions_may_run_past_max_position_embeddings(kind, cli, tiny_m
     cli("embed", _texts_file(tmp_path, LONGER_TEXTS), "-m", folder, "-o", out, "-q", "--stats", stats)
     assert json.loads(stats.read_text())["truncated_rows"] == 0  # the long row ran whole, past 128 positions
     assert json.loads(cli("info", folder, "--json").stdout)["max_length"] == 1000
+
+
+def _deberta(folder: Path, biased: bool | None) -> Path:
+    """A DeBERTa (v2 classes) base of 128 positions; `position_biased_input` as given, or left out of config.json
+    (transformers then adds the absolute table, as for DeBERTa v1/v2 checkpoints)."""
+    import torch
+    import transformers as tf
+
+    from tests.fixtures.tiny_models import ENCODER_KW, write_tokenizer
+
+    vocab = write_tokenizer(folder)
+    torch.manual_seed(8)
+    config = tf.DebertaV2Config(
+        vocab_size=vocab, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16, type_vocab_size=0,
+        position_biased_input=biased is not False, **ENCODER_KW,
+    )
+    tf.DebertaV2Model(config).eval().save_pretrained(str(folder))
+    if biased is None:
+        edit_json(folder / "config.json", lambda c: c.pop("position_biased_input"))
+    return folder
+
+
+@pytest.mark.parametrize("biased", [True, None])
+def test_deberta_absolute_table_bounds_max_seq_length(biased, cli, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = build_legacy_st_model(_deberta(tmp_path / "base", biased), tmp_path / "st", max_seq_length=1000)
+    src = _texts_file(tmp_path, LONGER_TEXTS)
+    out = tmp_path / "v.parquet"
+    err = cli("embed", src, "-m", folder, "-o", out, code=1)
+    _one_error_line(err.stderr, "max_seq_length 1000", "--max-length 128")
+    cli("embed", src, "-m", folder, "--max-length", 128, "-o", out, "-q")
+    st = SentenceTransformer(str(folder), device="cpu")
+    st.max_seq_length = 128
+    assert np.abs(_vectors(out) - st.encode(LONGER_TEXTS)).max() <= 1e-5
+
+
+def test_deberta_v3_relative_positions_run_past_max_position_embeddings(cli, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = build_legacy_st_model(_deberta(tmp_path / "base", False), tmp_path / "st", max_seq_length=1000)
+    src = _texts_file(tmp_path, LONGER_TEXTS)
+    out = tmp_path / "v.parquet"
+    stats = tmp_path / "stats.json"
+    cli("embed", src, "-m", folder, "-o", out, "-q", "--stats", stats)
+    assert json.loads(stats.read_text())["truncated_rows"] == 0
+    assert np.abs(_vectors(out) - SentenceTransformer(str(folder), device="cpu").encode(LONGER_TEXTS)).max() <= 1e-5
