@@ -30,7 +30,7 @@ from embedcli.models.precision import (
     device_kind,
     task_for_head,
 )
-from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
+from embedcli.models.registry import REGISTRY, BackbonePlan, padding_index, plan_backbone
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenization.decoder_tokenizer import load_decoder_tokenizer_json
 from embedcli.models.tokenization.tokenizer import SpecialTokens, load_tokenizer_json, lowercase_inside
@@ -392,12 +392,22 @@ class LoadedModel:
         return self.plan.causal and self.own_backbone
 
     # -- running -----------------------------------------------------------------------------------
-    def position_ids(self, lengths: list[int]) -> torch.Tensor:
-        """Positions restarting at each sequence (plus the fairseq padding offset where the model has one)."""
-        offset = 0
-        if self.spec.position_offset:
-            offset = int(getattr(self.backbone.config, "pad_token_id", 1) or 1) + 1
-        return torch.cat([torch.arange(offset, n + offset) for n in lengths])
+    def position_ids(self, lengths: list[int], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Positions restarting at each sequence; fairseq style where the model has it (RoBERTa, MPNet): from the
+        padding index + 1, a token equal to the padding id taking the padding index and not counted, as
+        transformers' `create_position_ids_from_input_ids` numbers them from the ids."""
+        if not self.spec.position_offset:
+            return torch.cat([torch.arange(n) for n in lengths])
+        pad = padding_index(self.spec.model_type, {"pad_token_id": getattr(self.backbone.config, "pad_token_id", None)})
+        if input_ids is None:
+            return torch.cat([torch.arange(pad + 1, n + pad + 1) for n in lengths])
+        # A literal pad token in a text ("<pad>"), which the tokenizer turns into the padding id.
+        real = input_ids.ne(pad).long()
+        counted = torch.cat([real.new_zeros(1), real.cumsum(0)])
+        sizes = torch.tensor(lengths, dtype=torch.long, device=input_ids.device)
+        starts = sizes.cumsum(0) - sizes
+        before = counted[starts].repeat_interleave(sizes)
+        return (counted[1:] - before) * real + pad
 
     def compute_context(self) -> contextlib.AbstractContextManager[object]:
         """The autocast region every backbone forward runs in (a no-op unless CPU bf16)."""
@@ -435,7 +445,7 @@ class LoadedModel:
     ) -> torch.Tensor:
         pack = PackInfo.build(lengths, self.device, keys)
         ids = input_ids.to(self.device, non_blocking=True)
-        positions = self.position_ids(lengths).to(self.device, non_blocking=True)
+        positions = self.position_ids(lengths, input_ids).to(self.device, non_blocking=True)
         types = None if token_type_ids is None else token_type_ids.to(self.device, non_blocking=True)
         return self.backbone(ids, positions, pack, types)
 

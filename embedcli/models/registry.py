@@ -368,6 +368,13 @@ class ModelEntry:
         return self.decoder and not (self.bidirectional_key and config.get(self.bidirectional_key))
 
 
+def padding_index(model_type: str, config: Config) -> int:
+    """The padding index fairseq-style position ids start after (`position_offset` entries): the config's
+    pad_token_id for RoBERTa / XLM-R / CamemBERT, always 1 for MPNet (transformers hard-codes it)."""
+    pad = config.get("pad_token_id")
+    return pad if model_type != "mpnet" and isinstance(pad, int) and not isinstance(pad, bool) else 1
+
+
 def _entries() -> tuple[ModelEntry, ...]:
     bert_like: dict[str, Any] = {"keys": BERT_KEYS, "token_types": True, "absolute_positions": True}
     roberta_like: dict[str, Any] = {

@@ -46,7 +46,7 @@ from embedcli.models.checkpoint.st_config import (
 from embedcli.models.checkpoint.static_layout import STATIC_FIELDS, read_static
 from embedcli.models.checkpoint.weights_file import check_safetensors
 from embedcli.models.llm_reranker import RerankerFlags, score_formula
-from embedcli.models.registry import REGISTRY, BackbonePlan, plan_backbone
+from embedcli.models.registry import REGISTRY, BackbonePlan, padding_index, plan_backbone
 
 # How the model runs (own backbone or the fallback) changes the last bits, not what a resumed run must match.
 _HOW_IT_RUNS = ("backbone", "backbone_reason", "registry_entry", "packing", "causal", "position_offset")
@@ -417,7 +417,7 @@ def _max_length(folder: Path, base: _BaseConfig, sbert: dict[str, Any], st_layou
     entry = REGISTRY.get(base.model_type)
     model_max = int(base.config.get("max_position_embeddings") or base.config.get("n_positions") or 512)
     if entry is not None and entry.position_offset:
-        model_max -= 2
+        model_max -= padding_index(base.model_type, base.config) + 1  # positions start after the padding index
     if requested is not None:
         if requested < 1 or requested > model_max:
             raise ConfigRefusedError(

@@ -200,3 +200,34 @@ def test_dense_projector_changes_the_width(name, tiny_loaded) -> None:
     loaded = tiny_loaded(name)
     assert loaded.spec.embedding_size == 16 and loaded.spec.hidden_size == 32
     assert Runner(loaded).embed(["hello"]).shape == (1, 16)
+
+
+# -- fairseq positions numbered from the token ids, as transformers numbers them -------------------------------------
+# A text may hold the padding token itself ("<pad>" on XLM-R): transformers gives it the padding position and does
+# not count it, so every later token's position moves down by one. Texts pack with budget 8 and 4096.
+PAD_TEXTS = ["hello [PAD] world the market", "[PAD]", "[PAD] [PAD] fox", "zzz ☃ market ☃", *SAMPLE_TEXTS[:3]]
+
+
+@pytest.mark.parametrize(("kind", "pad"), [("xlm-roberta", None), ("mpnet", None), ("roberta", 0), ("roberta", 3)])
+@pytest.mark.parametrize("budget", [8, 4096])
+def test_fairseq_positions_follow_the_padding_id(kind, pad, budget, cli, tiny_model, tmp_path) -> None:
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    from tests.fixtures.tiny_models import build_legacy_st_model, copy_model, edit_json
+
+    base = copy_model(tiny_model(kind), tmp_path / "base")
+    if pad is not None:  # another padding index (3 is [UNK], which "☃" tokenizes to)
+        edit_json(base / "config.json", lambda c: c.update(pad_token_id=pad))
+    folder = build_legacy_st_model(base, tmp_path / "st")
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in PAD_TEXTS), encoding="utf-8")
+    out = tmp_path / "v.jsonl"
+    cli("embed", src, "-m", folder, "-o", out, "-q", "--max-batch-tokens", budget)
+    got = np.array([json.loads(line)["embedding"] for line in out.read_text().splitlines()])
+    ref = SentenceTransformer(str(folder), device="cpu").encode(PAD_TEXTS)
+    assert np.abs(got - ref).max() <= 1e-5
+    # The table holds max_position_embeddings rows, the first padding index + 1 of them never a real position.
+    first = (1 if pad is None else pad) + 1
+    assert json.loads(cli("info", base, "--json").stdout)["max_length"] == 128 - first

@@ -1,7 +1,7 @@
 """RoBERTa, XLM-RoBERTa and CamemBERT on the packed buffer: BERT's layers under the `roberta.` prefix.
 
-What differs from BERT is the position ids: fairseq style, starting at `pad_token_id + 1`
-(the loader's `LoadedModel.position_ids` adds that offset for these model types).
+What differs from BERT is the position ids: fairseq style, starting at `pad_token_id + 1`, a token equal to
+the padding id taking the padding position (the loader's `LoadedModel.position_ids` numbers them from the ids).
 """
 
 from __future__ import annotations
