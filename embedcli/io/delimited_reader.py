@@ -103,7 +103,14 @@ class _Records:
             except csv.Error as e:
                 if not self.record:
                     raise
-                yield self.record[0][0], self.record[-1][0], self._runaway(f"malformed {self.fmt.upper()}: {e}")
+                if "new-line character seen in unquoted field" in str(e):  # csv's words for a lone CR
+                    err = InputError("", "a carriage return (CR) inside an unquoted field, which is not taken as a "
+                                     "line break (a file with old Mac CR line breaks?)",
+                                     fix="end lines with LF or CRLF (e.g. tr '\\r' '\\n' < IN > OUT)"
+                                     + (", or quote the field" if self.fmt == "csv" else ""))
+                else:
+                    err = self._runaway(f"malformed {self.fmt.upper()}: {e}")
+                yield self.record[0][0], self.record[-1][0], err
                 self._resync()
                 reader = self._reader()
                 continue

@@ -140,6 +140,8 @@ class ReadSpec:
     block_lines: int = BLOCK_LINES  # lines (rows) of a block: 16, or `batch_rows` when that is less
     block_bytes: int = BLOCK_BYTES  # a block ends at the line bringing its text to this: 64 KiB or 1/8 batch
     rows_read: int = 0  # rows parsed from the inputs' text (not carried over unread)
+    # a CR inside a plain-text line is kept (run-batch's request lines: JSON, where it is whitespace), not a bad row
+    cr_in_lines: bool = False
     _context: tuple[Any, Any, str] | None = None
     _state: tuple[Any, Any, dict[str, Any]] | None = None
 

@@ -177,6 +177,7 @@ def read_inputs(
     carry_blocks: Mapping[bytes, tuple[int, int]] | None = None,
     carry_units: Mapping[bytes, tuple[int, int, Any]] | None = None,
     carry_lines: Callable[[Any, Any], Any] | None = None,
+    cr_in_lines: bool = False,
 ) -> InputReader:
     """Stream records from files, globs or `-` (stdin) as InputBatch objects, in input order.
 
@@ -194,6 +195,7 @@ def read_inputs(
     group's identity -> (first row, rows, reader state after it) in the previous output) and `carry_blocks`
     (a block's identity -> (first row, rows)) say what `--incremental` carries over unread; `carry_lines`
     (a changed block's line identities and numbers -> each line's previous row, -1: none), which of its lines.
+    A plain-text line holding a CR that does not end it is a bad row, unless `cr_in_lines` (see `ReadSpec`).
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
@@ -211,6 +213,7 @@ def read_inputs(
         carry_lines=carry_lines,
         block_lines=min(BLOCK_LINES, batch_rows),
         block_bytes=min(BLOCK_BYTES, max(1, batch_chars // 8)) if batch_chars else BLOCK_BYTES,
+        cr_in_lines=cr_in_lines,
     )
     if fmt is not None:
         fmt = normalize_format(fmt)

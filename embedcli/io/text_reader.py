@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from embedcli.io.errors import InputError
 from embedcli.io.line_blocks import LineFormat, read_line_blocks
 from embedcli.io.positions import WHOLE, FilePart
 from embedcli.io.reader_base import BatchBuilder, InputBatch, ReadSpec, utf8_error
@@ -27,6 +28,18 @@ def read_txt(
             return
         line = line.rstrip("\r\n")
         if not line.strip():
+            return
+        if "\r" in line and not spec.cr_in_lines:
+            # a lone CR ends a line for Python's universal newlines (`str.splitlines`, `for line in open(...)`),
+            # but not for the line machinery here (read points, blocks, slice cuts count LF): never one long text
+            b.error(InputError(
+                path,
+                "holds a carriage return (CR) inside the line, which is not taken as a line break "
+                "(a file with old Mac CR line breaks?)",
+                location=f"line {lineno}",
+                record_id=f"{prefix}:{lineno}",
+                fix="end lines with LF or CRLF (e.g. tr '\\r' '\\n' < IN > OUT)",
+            ))
             return
         b.add(f"line {lineno}", f"{prefix}:{lineno}", line, (), (), number=lineno)
 

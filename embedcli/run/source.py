@@ -37,6 +37,7 @@ class InputOptions:
     keep_cols: list[str] = field(default_factory=list)
     fmt: str | None = None
     batch_rows: int = 1024
+    cr_in_lines: bool = False  # plain text: keep a CR inside a line (run-batch's JSON lines), not a bad row
 
 
 def null_text_error(batch: Any, i: int, fix: str = "fill or drop the row") -> InputError:
@@ -186,6 +187,7 @@ class BatchSource:
             batch_rows=batch_rows or self.inputs.batch_rows,
             on_bad_row=on_bad_row,
             batch_chars=batch_chars,
+            cr_in_lines=self.inputs.cr_in_lines,
             **run,
         )
 

@@ -179,7 +179,7 @@ def run_batch(
     refuse_url("run-batch", path, "a local request file")  # read twice and stat'ed: object storage comes later
     refuse_url("--calibration", opts.calibration, "a local file")
     check_target(output.path, flags, [path], output.stats_file)  # -o, --stats vs the request file, before loading
-    inputs = InputOptions([path], fmt="txt")
+    inputs = InputOptions([path], fmt="txt", cr_in_lines=True)  # a CR is JSON whitespace, as vLLM reads it
     source = BatchSource(inputs)
     source.paths()  # a missing file is an input error before the model loads
     spec = load_spec(choice)
