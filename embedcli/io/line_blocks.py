@@ -3,25 +3,23 @@ blocks are carried over unread, and where reading stands after each batch (see `
 
 from __future__ import annotations
 
-import lzma
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from embedcli.io.errors import STDIN, InputError
+from embedcli.io.errors import STDIN
 from embedcli.io.positions import BLOCK_LINES, WHOLE, Carried, FilePart, ReadPoint, identity, line_identities
 from embedcli.io.reader_base import (
     BOM,
+    READ_ERRORS,
     BatchBuilder,
     InputBatch,
     Lines,
     ReadSpec,
-    one_line,
     open_binary,
+    read_error,
     seek_binary,
 )
 
@@ -319,7 +317,7 @@ class _LineBlocks:
             eof = False
             first = True
             while not eof:
-                chunk = self._read(f, line)
+                chunk = self._read(f, line, data)
                 eof = not chunk
                 data += chunk
                 ends = (np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1).tolist()
@@ -375,8 +373,21 @@ class _LineBlocks:
             at_end = self.next_cut is not None  # a cut at (or past) this file's end
             yield builder.take(lambda: ReadPoint(file + 1, 0, 0, state={"spec": spec.state()}), grid_end=at_end)
 
-    def _read(self, f: Any, line: int) -> bytes:
+    def _read(self, f: Any, line: int, held: bytes) -> bytes:
+        """The next `CHUNK_BYTES` of the file (fewer at its end), after `line` lines and the bytes `held`.
+
+        Read piece by piece (`read1`), so a file that cannot be read to its end (a truncated .gz) is
+        reported after the last whole line it gives, not at the line its chunk began."""
+        pieces: list[bytes] = []
+        size = 0
+        read = getattr(f, "read1", f.read)
         try:
-            return bytes(f.read(CHUNK_BYTES))
-        except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as e:
-            raise InputError(self.path, f"cannot read the file: {one_line(e)}", location=f"line {line + 1}") from None
+            while size < CHUNK_BYTES:
+                piece = bytes(read(CHUNK_BYTES - size))
+                if not piece:
+                    break
+                pieces.append(piece)
+                size += len(piece)
+        except READ_ERRORS as e:
+            raise read_error(self.path, e, line + held.count(b"\n") + sum(p.count(b"\n") for p in pieces)) from None
+        return b"".join(pieces) if len(pieces) != 1 else pieces[0]

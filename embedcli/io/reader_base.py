@@ -493,7 +493,9 @@ class _RawStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self.stream.read(len(buffer))
+        # a short read is allowed: pieces of at most 64 KiB, so a stream that breaks (a truncated .zst) loses
+        # no more than that of what it gave before (reported at the line it reached)
+        data = self.stream.read(min(len(buffer), 1 << 16))
         buffer[: len(data)] = data
         return len(data)
 
@@ -597,10 +599,8 @@ class Lines:
                 if at_start and raw.startswith(BOM):
                     raw = raw[len(BOM) :]
                 yield self.line, raw
-        except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as e:
-            raise InputError(
-                self.path, f"cannot read the file: {one_line(e)}", location=f"line {self.line + 1}"
-            ) from None
+        except READ_ERRORS as e:
+            raise read_error(self.path, e, self.line) from None
 
 
 def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:
@@ -621,6 +621,21 @@ def seek_binary(f: IO[bytes], path: str, offset: int) -> None:
         if not chunk:
             raise InputError(path, f"is shorter than when its reading was recorded ({offset:,} bytes)")
         left -= len(chunk)
+
+
+READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException)
+"""What reading a (decompressed) input can raise where its bytes cannot be had: `read_error` says it."""
+
+
+def read_error(path: str, e: BaseException, lines: int) -> InputError:
+    """The error of an input that cannot be read past its `lines` whole lines (a truncated .gz, a disk error)."""
+    packed = compression_of(path)
+    return InputError(
+        path,
+        f"cannot read the file past line {lines}: {one_line(e)}",
+        location=f"line {lines + 1}",
+        fix=f"the {packed} file is truncated or damaged: compress or copy it again" if packed else None,
+    )
 
 
 def one_line(e: BaseException) -> str:

@@ -7,6 +7,8 @@ import bz2
 import gzip
 import json
 import lzma
+import re
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,3 +57,43 @@ def test_compressed_parquet_names_the_fix(cli, st_model, tmp_path: Path) -> None
     packed = _compress(src.read_bytes(), tmp_path / "docs.parquet.zst")
     result = cli("embed", packed, "-m", st_model, "-o", tmp_path / "v.parquet", code=1)
     assert "zstd-compressed Parquet" in result.stderr and "decompress it first, to docs.parquet" in result.stderr
+
+
+def _whole_lines(packed: bytes, suffix: str) -> int:
+    """Lines ended in the decompressible part of a cut compressed file, by the standard library's own
+    decompressors (the reference; zstd: None, checked by bound)."""
+    if suffix == ".gz":
+        return zlib.decompressobj(31).decompress(packed).count(b"\n")
+    if suffix == ".bz2":
+        return bz2.BZ2Decompressor().decompress(packed).count(b"\n")
+    if suffix == ".xz":
+        return lzma.LZMADecompressor().decompress(packed).count(b"\n")
+    return -1
+
+
+@pytest.mark.parametrize("name", ["docs.jsonl.gz", "docs.txt.bz2", "docs.jsonl.xz", "docs.txt.zst", "docs.csv.gz"])
+def test_a_truncated_compressed_input_names_the_line_it_breaks_at(cli, st_model, tmp_path: Path, name: str) -> None:
+    """It said "line 1" whatever the line: the error came from a 1 MiB read, before any line was counted."""
+    fmt = name.split(".")[1]
+    rows = [{"id": f"r{i}", "text": f"market shares rise {i} " * 4} for i in range(8_000)]
+    if fmt == "jsonl":
+        data = "".join(json.dumps(r) + "\n" for r in rows)
+    elif fmt == "csv":
+        data = "id,text\n" + "".join(f"{r['id']},{r['text']}\n" for r in rows)
+    else:
+        data = "".join(r["text"] + "\n" for r in rows)
+    whole = _compress(data.encode(), tmp_path / name)
+    packed = whole.read_bytes()[: whole.stat().st_size // 2]
+    whole.write_bytes(packed)
+    out = tmp_path / "v.parquet"
+    result = cli("embed", whole, "-m", st_model, "-o", out, "-q", code=1)
+    m = re.search(rf"{re.escape(name)} line (\d+)(?: \(id [^)]*\))?: cannot read the file past line (\d+): ", result.stderr)
+    assert m is not None, result.stderr
+    at, past = int(m.group(1)), int(m.group(2))
+    assert at == past + 1
+    expected = _whole_lines(packed, whole.suffix)
+    if expected >= 0:
+        assert past == expected
+    else:  # zstd through pyarrow: what it gave before it broke, read 64 KiB at a time
+        assert 1000 < past <= len(rows) and past < data.encode().count(b"\n")
+    assert "file is truncated or damaged" in result.stderr
