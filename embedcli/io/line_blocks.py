@@ -20,6 +20,7 @@ from embedcli.io.reader_base import (
     ReadSpec,
     open_binary,
     read_error,
+    refuse_utf16,
     seek_binary,
 )
 
@@ -320,6 +321,8 @@ class _LineBlocks:
                 chunk = self._read(f, line, data)
                 eof = not chunk
                 data += chunk
+                if pos == 0 and first:
+                    refuse_utf16(self.path, data)
                 ends = (np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1).tolist()
                 if eof and data and (not ends or ends[-1] < len(data)):
                     ends.append(len(data))  # a last line with no line break

@@ -34,6 +34,7 @@ from embedcli.io.positions import (
 from embedcli.io.stdin_head import pending_head, stdin_stream
 
 BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # bytes UTF-8 never has: no line of such a file reads as itself
 UTF8_FIX = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)"
 
 MAX_TEXT_CHARS = 1 << 26
@@ -596,11 +597,25 @@ class Lines:
                 self.line += 1
                 at_start = self.offset == 0
                 self.offset += len(raw)
-                if at_start and raw.startswith(BOM):
-                    raw = raw[len(BOM) :]
+                if at_start:
+                    refuse_utf16(self.path, raw)
+                    if raw.startswith(BOM):
+                        raw = raw[len(BOM) :]
                 yield self.line, raw
         except READ_ERRORS as e:
             raise read_error(self.path, e, self.line) from None
+
+
+def refuse_utf16(path: str, head: bytes) -> None:
+    """InputError for the whole file when its first bytes are a UTF-16 byte order mark: every line of it is
+    bad UTF-8 or, read past the first, other text (NULs between the letters), never a row to skip."""
+    if head.startswith(UTF16_BOMS):
+        raise InputError(
+            path,
+            "is UTF-16 (it starts with a UTF-16 byte order mark), not UTF-8",
+            location="line 1",
+            fix="re-encode the file as UTF-8 (e.g. iconv -f utf-16 -t utf-8 IN > OUT)",
+        )
 
 
 def numbered_lines(f: IO[bytes], path: str, idle: bool = False) -> Iterator[tuple[int, bytes | None]]:

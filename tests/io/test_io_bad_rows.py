@@ -135,3 +135,29 @@ def test_fail_stops_at_the_first_bad_row_in_input_order(cli, st_model: Path, tmp
     assert f"{first}" in r.stderr and "Traceback" not in r.stderr
     assert [json.loads(x)["location"] for x in errors.read_text(encoding="utf-8").splitlines()] == [first]
     assert not out.exists()
+
+
+# -- a UTF-16 file ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("name", ["c.txt", "c.jsonl", "c.csv", "c.tsv"])
+def test_a_utf16_file_stops_the_run_even_under_skip(cli, st_model: Path, tmp_path: Path, name: str,
+                                                     encoding: str) -> None:
+    """Line 1 (the byte order mark) was a bad row, and under --on-error skip lines 2.. were embedded as text
+    with a NUL between the letters (a txt file) at exit 3; the fix named latin1."""
+    texts = ["the cat sat", "a dog", "three blind mice"]
+    body = {
+        ".txt": "\n".join(texts),
+        ".jsonl": "\n".join(json.dumps({"text": t}) for t in texts),
+        ".csv": "text\n" + "\n".join(texts),
+        ".tsv": "text\n" + "\n".join(texts),
+    }[Path(name).suffix] + "\n"
+    src = tmp_path / name
+    data = body.encode(encoding)
+    src.write_bytes(data if encoding == "utf-16" else ("\ufeff" + body).encode(encoding))  # a BOM either way
+    out = tmp_path / "out.parquet"
+    r = cli("embed", src, "-m", st_model, "-o", out, "-q", "--on-error", "skip", code=1)
+    assert f"{name} line 1: is UTF-16 (it starts with a UTF-16 byte order mark), not UTF-8" in r.stderr
+    assert "iconv -f utf-16 -t utf-8" in r.stderr
+    assert not out.exists()
