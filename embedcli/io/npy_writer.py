@@ -87,6 +87,13 @@ class NpyResultWriter(ResultWriter):
                 )
             self._dtype, self._dim = _vector_dtype(path, column, schema.field(column).type)
             self._has_ids = id_column in schema.names
+            dropped = [name for name in schema.names if name not in (column, id_column)]
+            if dropped:  # never left out at exit 0 (e.g. the kept columns of shards merged into a .npy)
+                raise OutputError(
+                    path,
+                    f".npy holds the {column!r} vectors and the ids only, not {', '.join(repr(c) for c in dropped)}",
+                    fix="write .parquet or .jsonl instead",
+                )
         self._ids_tmp: str | None = None
         self._meta_tmp: str | None = None
         self._ids_f: HashingFile | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -297,6 +298,25 @@ def run_computation(
     return run_job(make_job(source, engine, work.codec, meta, output, flags))
 
 
+def check_npy_columns(codec: RowCodec, output: OutputOptions) -> None:
+    """UsageError (before any work) for a .npy output of rows that are not one `embedding` vector and an id: the
+    writer kept those two and dropped the rest (`--keep-cols`) at exit 0, or refused only once all was computed."""
+    named = output.fmt if output.fmt is not None else os.path.splitext(output.path)[1]
+    if named.strip().lower().lstrip(".") != "npy":
+        return
+    columns = list(codec.empty().column_names)
+    if "embedding" in columns and set(columns) <= {"id", "embedding"}:
+        return
+    if "embedding" in columns:
+        has = "also has " + ", ".join(repr(c) for c in columns if c not in ("id", "embedding"))
+    else:
+        has = "has " + ", ".join(repr(c) for c in columns)
+    raise UsageError(
+        f"-o {output.path}: .npy holds one 'embedding' vector (and the id) of each row, but this output {has}: "
+        "write .parquet or .jsonl" + (" (or drop --keep-cols)" if "embedding" in columns else "")
+    )
+
+
 def make_job(
     source: Iterable[Any],
     engine: Engine,
@@ -308,6 +328,7 @@ def make_job(
     """The `Job` of a compute command (`engine`: `engine_for` a built runner, or `planned_engine`'s)."""
     if output.fmt is not None and output.fmt.strip().lower() == LINES:
         raise UsageError(f"--output-format {output.fmt}: run-batch's response lines; choose parquet, jsonl or npy")
+    check_npy_columns(codec, output)
     return Job(
         source=source,
         engine=engine,

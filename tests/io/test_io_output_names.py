@@ -51,3 +51,21 @@ def test_non_utf8_input_and_output_names(st_model: Path, tmp_path: Path, ext: by
     check = [sys.executable.encode(), b"-m", b"embedcli", b"inspect", out, b"--check"]
     r = subprocess.run(check, capture_output=True, env=env, timeout=120, check=False)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, (r.stdout + r.stderr).decode(errors="replace")
+
+
+@pytest.mark.parametrize(("args", "has"), [
+    (("embed", "--keep-cols", "topic"), "also has 'topic'"),
+    (("token-embed",), "has 'id', 'token_ids', 'embeddings'"),
+    (("score", "--left-col", "text", "--right-col", "topic"), "has 'id', 'score'"),
+])
+def test_npy_of_more_than_ids_and_vectors_is_refused_before_any_work(cli, st_model: Path, tmp_path: Path,
+                                                                     args: tuple[str, ...], has: str) -> None:
+    """`embed --keep-cols -o x.npy` dropped the kept columns at exit 0; token-embed / score wrote nothing only
+    after computing every row, with a fix (rerun the same command) that failed again."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}", "topic": "t"}) + "\n" for i in range(3)))
+    out = tmp_path / "v.npy"
+    r = cli(args[0], corpus, *args[1:], "-m", st_model, "-o", out, code=2)
+    assert f"-o {out}: .npy holds one 'embedding' vector (and the id) of each row, but this output {has}" in r.stderr
+    assert "write .parquet or .jsonl" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # nothing written, nothing staged

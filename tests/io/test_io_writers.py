@@ -298,3 +298,11 @@ def test_embedding_array_checks() -> None:
         embedding_array(np.zeros((2, 2), np.int64))
     assert len(embedding_array(np.zeros((0, 5), np.float32))) == 0
     assert embedding_array(np.asfortranarray(np.ones((2, 3), np.float32))).type == pa.list_(pa.float32(), 3)
+
+
+def test_npy_refuses_columns_it_would_drop(tmp_path: Path) -> None:
+    """(`merge -o x.npy` of shards with kept columns wrote the vectors and ids alone, at exit 0.)"""
+    schema = results(0, 1, d=8).schema.append(pa.field("topic", pa.string()))
+    with pytest.raises(OutputError, match=r"\.npy holds the 'embedding' vectors and the ids only, not 'topic'"):
+        open_writer(str(tmp_path / "emb.npy"), schema, META)
+    assert list(tmp_path.iterdir()) == []
