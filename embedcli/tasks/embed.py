@@ -190,7 +190,11 @@ def run_quantized(job: Job, quant: Quantizer) -> int:
     if done is not None:
         _remove_spool(spool)  # a run killed after publishing, before removing its spool
         return done
-    code = _spooled(job, quant, spool, out)
+    try:
+        code = _spooled(job, quant, spool, out)
+    except UsageError:  # one embedding, no ranges: the refused run leaves no spool beside the output
+        _remove_spool(spool)
+        raise
     _remove_spool(spool)
     return code
 

@@ -151,6 +151,18 @@ def test_int8_output_is_resumable_idempotent_and_refuses_to_mix(cli, corpus, tmp
     assert resumed.dtype == np.int8 and resumed.shape == (len(TEXTS), 384)
 
 
+@pytest.mark.parametrize("precision", ["int8", "uint8"])
+def test_one_row_int8_is_refused_leaving_no_spool(cli, st_model, tmp_path, precision):  # type: ignore[no-untyped-def]
+    """sentence-transformers refuses ranges from a single embedding, so does embedcli (exit 2); the float32
+    spool it computed first was left beside the output, where no later run (with --calibration) removed it."""
+    src = tmp_path / "one.jsonl"
+    src.write_text(json.dumps({"id": "a", "text": "a lone row"}) + "\n")
+    out = tmp_path / "q.parquet"
+    err = cli("embed", src, "-m", st_model, "-o", out, "-q", "--precision", precision, code=2)
+    assert "ranges cannot be computed from a single embedding" in err.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl"]
+
+
 def test_calibration_file_and_reused_ranges(cli, corpus, tmp_path):
     from sentence_transformers.util.quantization import quantize_embeddings
 
