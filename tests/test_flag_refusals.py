@@ -28,6 +28,11 @@ CASES = {
     "max-batch-tokens-zero": ((*EMBED, "--max-batch-tokens", "0"), {}, False, "--max-batch-tokens 0", "at least 1"),
     "token-embed-dimensions": (("token-embed", "{rows}", "-o", "{out}/t.parquet", "-m", "{st}", "--dimensions", "0"),
                                {}, False, "--dimensions 0", "at least 1"),
+    # a column kept twice was a pyarrow traceback (exit 1) once the first batch was computed
+    "keep-cols-twice": ((*EMBED, "--keep-cols", "text,text"), {}, False, "--keep-cols text,text", "name each column once"),
+    "score-keep-cols-twice": (("score", "{rows}", "--left-col", "text", "--right-col", "text", "-o", "{out}/s.parquet",
+                               "-m", "{st}", "--keep-cols", "id,text,id"), {}, False, "'id' is named twice",
+                              "name each column once"),
     "input-format": ((*EMBED, "--format", "xml"), {}, False, "--format 'xml'", "jsonl, parquet, csv, tsv, txt"),
     "output-format": ((*EMBED, "--output-format", "csv"), {}, False, "--output-format 'csv'", "parquet, jsonl, npy"),
     "run-batch-device": (("run-batch", "{requests}", "-o", "{out}/b.jsonl", "-m", "{st}", "--device", "xpu"),

@@ -121,8 +121,11 @@ def id_column(batch: Any) -> pa.Array:
 
 
 def refuse_shadowing(columns: Sequence[str], keep_cols: Sequence[str]) -> None:
-    """UsageError (exit 2) when a `--keep-cols` column has the name of a column the command writes itself."""
+    """UsageError (exit 2) when a `--keep-cols` column has the name of a column the command writes itself, or is
+    named twice (an output cannot hold two columns of one name)."""
     for name in keep_cols:
+        if list(keep_cols).count(name) > 1:
+            raise UsageError(f"--keep-cols {','.join(keep_cols)}: {name!r} is named twice; name each column once")
         if name in columns:
             raise UsageError(
                 f"--keep-cols {name}: the output has its own {name!r} column (it writes {', '.join(columns)}); "
