@@ -65,6 +65,8 @@ def to_numpy(array: Any) -> np.ndarray:
 def byte_lengths(array: Any) -> np.ndarray:
     """The byte length of each value of a string or binary array (0 for a null), from its offsets."""
     t = array.type
+    if pa.types.is_null(t):  # a column of nulls only (a text column none of whose rows has one): no kernel takes it
+        return np.zeros(len(array), np.int64)
     if not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
         import pyarrow.compute as pc
 

@@ -161,3 +161,20 @@ def test_a_utf16_file_stops_the_run_even_under_skip(cli, st_model: Path, tmp_pat
     assert f"{name} line 1: is UTF-16 (it starts with a UTF-16 byte order mark), not UTF-8" in r.stderr
     assert "iconv -f utf-16 -t utf-8" in r.stderr
     assert not out.exists()
+
+
+# -- a Parquet text column of Arrow type null --------------------------------------------------------
+
+
+def test_a_null_typed_parquet_text_column_is_null_text_rows(cli, st_model: Path, tmp_path: Path) -> None:
+    """A text column with no value at all is written as Arrow type null: its rows are null texts (as in a
+    string column), not "not a readable Parquet file ... truncated copy?" from a kernel that takes no null."""
+    import pyarrow as pa
+
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": pa.array([None, None], pa.null())}), src)
+    r = cli("embed", src, "-m", st_model, "-o", tmp_path / "fail.parquet", "-q", code=1)
+    assert "docs.parquet row 0 (id 'a'): text is null" in r.stderr and "Parquet file" not in r.stderr
+    ids, bad = _skip_run(cli, st_model, src, tmp_path)
+    assert ids == [] and [(b["location"], b["id"], b["reason"]) for b in bad] == [
+        ("row 0", "a", "text is null"), ("row 1", "b", "text is null")]
