@@ -52,9 +52,11 @@ def _parse(path: str, lineno: int, raw: bytes, spec: ReadSpec, first: bool, bad:
     except BadJsonLine as e:
         if e.kind == "malformed" and first and line.lstrip().startswith("["):
             raise _json_array_error(path, loc) from None
+        cr = "\r" in line.rstrip("\r\n")  # JSON Lines break at LF: CR line breaks leave records on one line
         fix = {
             "malformed": "each line must be one complete JSON object"
-            + ("; for plain text, one text per line, pass --format txt" if first else ""),
+            + ("; the line holds a carriage return (CR): end lines with LF or CRLF (e.g. tr '\\r' '\\n' < IN > OUT)"
+               if cr else "; for plain text, one text per line, pass --format txt" if first else ""),
             "surrogate": "write the character itself, or both halves of its surrogate pair",
         }.get(e.kind)
         bad(InputError(path, e.reason, location=loc, record_id=_id_hint(line, spec.id_col), fix=fix))

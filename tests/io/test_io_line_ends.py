@@ -81,3 +81,12 @@ def test_run_batch_takes_a_cr_in_a_request_line_as_json_whitespace(cli, st_model
     assert got["response"]["status_code"] == 200
     vec = np.asarray(got["response"]["body"]["data"][0]["embedding"], dtype=np.float32)
     np.testing.assert_allclose(vec, _st(st_model, ["the cat sat"])[0], atol=1e-5)
+
+
+def test_cr_line_breaks_in_jsonl_are_named_in_the_fix(cli, st_model: Path, tmp_path: Path) -> None:
+    """Records on one CR-broken line read as malformed JSON ("Extra data"), whose fix said nothing of the CR."""
+    src = tmp_path / "c.jsonl"
+    src.write_bytes(b"\r".join(json.dumps({"id": i, "text": t}).encode() for i, t in enumerate(TEXTS)) + b"\r")
+    result = cli("embed", src, "-m", st_model, "-o", tmp_path / "v.parquet", "-q", code=1)
+    assert "c.jsonl line 1 (id '0'): malformed JSON" in result.stderr
+    assert "holds a carriage return (CR): end lines with LF or CRLF" in result.stderr
