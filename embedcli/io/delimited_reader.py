@@ -191,7 +191,7 @@ def read_delimited(
     def set_header(row: list[str]) -> None:
         nonlocal header, cols
         header = row
-        cols = _header_indices(path, header, spec)
+        cols = _header_indices(path, header, spec, fmt)
         # CSV/TSV fields have no types: ids stay strings, as written.
         spec.fix_id_type(path, pa.string(), f"{fmt.upper()} fields are strings")
 
@@ -287,7 +287,29 @@ def _record(
     return loc, rid, row[text_i], [row[i] for i in keep_i], [row[i] for i in extra_i]
 
 
-def _header_indices(path: str, header: list[str], spec: ReadSpec) -> tuple[int, int, list[int], list[int]]:
+_OTHER_DELIMITERS = {";": "semicolon", "\t": "tab", "|": "pipe", ",": "comma"}
+
+
+def _one_column_header(path: str, header: list[str], spec: ReadSpec, fmt: str) -> None:
+    """InputError naming the delimiter when the header is one column that another delimiter would split (a
+    ';'-separated .csv, a .tsv with commas): not "no text column; the columns are: 'id;text'"."""
+    if len(header) != 1 or spec.text_col in header:
+        return
+    own = "," if fmt == "csv" else "\t"
+    for sep, name in _OTHER_DELIMITERS.items():
+        if sep != own and spec.text_col in header[0].split(sep):
+            raise InputError(
+                path,
+                f"the header {header[0]!r} reads as one column: its fields are separated by {name}s, but "
+                f"{fmt.upper()} fields by {_OTHER_DELIMITERS[own]}s",
+                location="line 1",
+                fix="pass --format tsv" if sep == "\t" else "pass --format csv" if sep == "," else
+                "convert it to CSV (comma-separated) or TSV (tab-separated) first",
+            )
+
+
+def _header_indices(path: str, header: list[str], spec: ReadSpec, fmt: str) -> tuple[int, int, list[int], list[int]]:
+    _one_column_header(path, header, spec, fmt)
     def index(col: str, what: str, flag: str | None) -> int:
         if col not in header:
             raise missing_column(path, what, col, header, flag)

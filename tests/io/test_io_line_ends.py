@@ -1,6 +1,7 @@
 """A carriage return (CR) that does not end a line: Python's universal newlines (`for line in open(...)`,
 `str.splitlines`) take it as a line break, the readers' line machinery (read points, blocks, slice cuts) does
-not, so such a text line is a bad row naming it, never one long text; run-batch's JSON lines keep it."""
+not, so such a text line is a bad row naming it, never one long text; run-batch's JSON lines keep it.
+And a CSV/TSV header split by another delimiter is named as such."""
 
 from __future__ import annotations
 
@@ -90,3 +91,17 @@ def test_cr_line_breaks_in_jsonl_are_named_in_the_fix(cli, st_model: Path, tmp_p
     result = cli("embed", src, "-m", st_model, "-o", tmp_path / "v.parquet", "-q", code=1)
     assert "c.jsonl line 1 (id '0'): malformed JSON" in result.stderr
     assert "holds a carriage return (CR): end lines with LF or CRLF" in result.stderr
+
+
+@pytest.mark.parametrize(("name", "content", "said", "fix"), [
+    ("c.csv", b"id;text\n0;hello, world\n", "separated by semicolons, but CSV fields by commas", "convert it"),
+    ("c.csv", b"id\ttext\n0\thello\n", "separated by tabs, but CSV fields by commas", "pass --format tsv"),
+    ("c.tsv", b"id,text\n0,hello\n", "separated by commas, but TSV fields by tabs", "pass --format csv"),
+])
+def test_a_header_of_another_delimiter_is_named(cli, st_model: Path, tmp_path: Path, name: str, content: bytes,
+                                                said: str, fix: str) -> None:
+    """It said "no text column 'text'; the columns are: 'id;text'", leaving the user to spot the delimiter."""
+    src = tmp_path / name
+    src.write_bytes(content)
+    result = cli("embed", src, "-m", st_model, "-o", tmp_path / "v.parquet", "-q", code=1)
+    assert f"{name} line 1: the header" in result.stderr and said in result.stderr and fix in result.stderr
