@@ -118,6 +118,8 @@ def _check_columns(path: str, schema: pa.Schema, spec: ReadSpec) -> str | None:
     return id_col
 
 
+_UTF8_FIX = "write the column's text as UTF-8 (its writer stored other bytes under a string type)"
+
 DECODE_ROWS = 1 << 12
 """Rows decoded at a time (a multiple of the block's 16 rows): memory follows it, not the row group."""
 
@@ -244,6 +246,7 @@ class _ParquetBlocks:
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64) if sizes else np.zeros(1, np.int64)
         self.b = BatchBuilder(path, spec, file)
+        self.bad_utf8: dict[int, tuple[str, UnicodeDecodeError]] = {}  # of the chunk being read (`read_chunk`)
         self.next_cut: int | None = None
         self._cuts: Iterator[int] = iter(())
         self.unit: bytes | None = None  # the identity of the row group read now, for its first block
@@ -376,10 +379,13 @@ class _ParquetBlocks:
             mask[a : a + rows] = False
         parsed = rb.filter(arrow_array(mask)) if carried else rb
         rows_of = np.cumsum(mask) - 1  # index in `parsed` of each row read
-        texts = parsed.column(spec.text_col).to_pylist()
-        kept = {c: parsed.column(c).to_pylist() for c in spec.keep_cols}
-        extra = {c: parsed.column(c).to_pylist() for c in spec.extra_text_cols}
-        ids = parsed.column(self.id_col).cast(pa.string()).to_pylist() if self.id_col is not None else None
+        bad: dict[int, tuple[str, UnicodeDecodeError]] = {}  # index in `parsed` -> (column, error): not UTF-8
+        texts = self._values(parsed.column(spec.text_col), spec.text_col, bad)
+        kept = {c: self._values(parsed.column(c), c, bad) for c in spec.keep_cols}
+        extra = {c: self._values(parsed.column(c), c, bad) for c in spec.extra_text_cols}
+        ids = (self._values(parsed.column(self.id_col).cast(pa.string()), self.id_col, bad)
+               if self.id_col is not None else None)
+        self.bad_utf8 = bad
         for a, e, ident in blocks:
             if a > 0:
                 yield from self.boundary(at + a)
@@ -392,6 +398,25 @@ class _ParquetBlocks:
             if row == g0:
                 b.blocks[-1].unit = self.unit
 
+    def _values(self, arr: pa.Array, col: str, bad: dict[int, tuple[str, UnicodeDecodeError]]) -> list[Any]:
+        """A column's values as Python values; a string that is not UTF-8 (a writer that did not check) is None
+        there, its row noted in `bad` (a bad row), never a UnicodeDecodeError traceback."""
+        try:
+            return arr.to_pylist()
+        except UnicodeDecodeError:
+            pass
+        t = arr.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise InputError(self.path, f"column {col!r} holds text that is not valid UTF-8", fix=_UTF8_FIX) from None
+        out: list[Any] = []
+        for j, raw in enumerate(arr.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary()).to_pylist()):
+            try:
+                out.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                bad.setdefault(j, (col, e))
+                out.append(None)
+        return out
+
     def _parse_block(
         self, b: BatchBuilder, lo: int, hi: int, ident: bytes | None, g: int, texts: list[Any],
         kept: dict[str, list[Any]], extra: dict[str, list[Any]], ids: list[Any] | None, p0: int,
@@ -402,7 +427,24 @@ class _ParquetBlocks:
         numbers = list(range(lo, hi))
         locations = [f"row {r}" for r in numbers]
         block_ids = [f"{self.prefix}:{r}" for r in numbers] if ids is None else ids[p0:p1]
-        good = None if ids is None else _good_ids(self.path, self.id_col or "", block_ids, locations, b)
+        utf8 = {j - p0: self.bad_utf8[j] for j in range(p0, p1) if j in self.bad_utf8} if self.bad_utf8 else {}
+        good: list[int] | None = None
+        if utf8:  # one error per bad row, in row order: its bad UTF-8, else its null or empty id
+            good = []
+            for j in range(p1 - p0):
+                if j in utf8:
+                    col, e = utf8[j]
+                    rid = block_ids[j] if ids is None or (col != self.id_col and block_ids[j]) else None
+                    b.error(InputError(
+                        self.path,
+                        f"column {col!r} is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at byte {e.start + 1} "
+                        "of the value)",
+                        location=locations[j], record_id=rid, fix=_UTF8_FIX,
+                    ))
+                elif ids is None or _good_ids(self.path, self.id_col or "", [block_ids[j]], [locations[j]], b) is None:
+                    good.append(j)
+        elif ids is not None:
+            good = _good_ids(self.path, self.id_col or "", block_ids, locations, b)
         block_texts, block_kept = texts[p0:p1], {c: v[p0:p1] for c, v in kept.items()}
         block_extra = {c: v[p0:p1] for c, v in extra.items()}
         if good is not None:

@@ -178,3 +178,29 @@ def test_a_null_typed_parquet_text_column_is_null_text_rows(cli, st_model: Path,
     ids, bad = _skip_run(cli, st_model, src, tmp_path)
     assert ids == [] and [(b["location"], b["id"], b["reason"]) for b in bad] == [
         ("row 0", "a", "text is null"), ("row 1", "b", "text is null")]
+
+
+# -- a Parquet string column that is not UTF-8 -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("col", "rid"), [("text", "b"), ("k", "b"), ("id", None)])
+def test_parquet_strings_that_are_not_utf8_are_bad_rows(cli, st_model: Path, tmp_path: Path, col: str,
+                                                        rid: str | None) -> None:
+    """A writer that does not check UTF-8 (pyarrow's `view`, some C++/Java writers) made a UnicodeDecodeError
+    traceback; the row is a bad row naming the column and byte, as a bad line of a text file is."""
+    import pyarrow as pa
+
+    bad = pa.array([b"ok", b"caf\xe9", b"fine"], pa.binary()).view(pa.string())
+    columns = {"id": ["a", "b", "c"], "text": ["x", "y", "z"], "k": ["p", "q", "r"]}
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({**columns, col: bad}), src)
+    where = f"docs.parquet row 1{'' if rid is None else f' (id {rid!r})'}: column {col!r} is not valid UTF-8"
+    r = cli("embed", src, "-m", st_model, "-o", tmp_path / "fail.parquet", "--keep-cols", "k", "-q", code=1)
+    assert f"{where} (byte 0xe9 at byte 4 of the value)" in r.stderr and "Traceback" not in r.stderr
+    out, errors = tmp_path / "out.parquet", tmp_path / "errors.jsonl"
+    cli("embed", src, "-m", st_model, "-o", out, "--keep-cols", "k", "-q", "--on-error", "skip", "--errors-file",
+        errors, code=3)
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ([bad[0].as_py(), bad[2].as_py()] if col == "id" else ["a", "c"])
+    (line,) = [json.loads(x) for x in errors.read_text().splitlines()]
+    assert (line["location"], line["id"]) == ("row 1", rid)
