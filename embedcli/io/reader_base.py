@@ -645,11 +645,13 @@ READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException)
 def read_error(path: str, e: BaseException, lines: int) -> InputError:
     """The error of an input that cannot be read past its `lines` whole lines (a truncated .gz, a disk error)."""
     packed = compression_of(path)
+    ext = os.path.splitext(path)[1]
     return InputError(
         path,
-        f"cannot read the file past line {lines}: {one_line(e)}",
+        f"cannot read the file{f' past line {lines}' if lines else ''}: {one_line(e)}",
         location=f"line {lines + 1}",
-        fix=f"the {packed} file is truncated or damaged: compress or copy it again" if packed else None,
+        fix=(f"the {packed} file is truncated or damaged: compress or copy it again"
+             + ("" if lines else f" (or, not {packed} at all, name it without {ext})")) if packed else None,
     )
 
 
