@@ -121,6 +121,8 @@ def expand_paths(paths: Sequence[str]) -> list[str]:
     out: list[str] = []
     for p in paths:
         if p == STDIN:
+            if STDIN in out:  # read once: the second `-` would silently add nothing
+                raise InputError(p, "stdin is named twice, but it is read once", fix="name - once")
             out.append(p)
         elif is_url(p):  # never a local path, even where a folder named `s3:` exists
             out.extend(expand_paths([local_path(p)]) if local_path(p) != p else expand_url(p))

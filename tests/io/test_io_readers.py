@@ -294,6 +294,14 @@ def test_missing_file_and_unmatched_glob(tmp_path: Path) -> None:
         expand_paths([str(tmp_path)])
 
 
+def test_stdin_named_twice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`embed - -` read stdin's rows once and ended at exit 0: the second `-` added nothing."""
+    fake_stdin(monkeypatch, b'{"text": "from stdin"}\n')
+    with pytest.raises(InputError, match="stdin is named twice, but it is read once") as e:
+        collect(read_inputs(["-", "-"]))
+    assert "name - once" in str(e.value)
+
+
 def test_unknown_extension(tmp_path: Path) -> None:
     p = tmp_path / "data.xml"
     p.write_text("<x/>")
