@@ -98,7 +98,8 @@ def valid_rows(batch: Any) -> list[int]:
 class RowChecks:
     """Null texts, repeated ids and `--max-errors` over a whole run; fail mode raises a batch's first bad row."""
 
-    def __init__(self, flags: RunFlags, errors_before: int = 0, ids: IdSet | None = None) -> None:
+    def __init__(self, flags: RunFlags, errors_before: int = 0, ids: IdSet | None = None, text_col: str = "text") -> None:
+        self.text_col = text_col  # named in a null text's error
         self.skip_mode = flags.on_error == "skip"
         self.limit = flags.max_errors
         self.total = errors_before
@@ -112,7 +113,7 @@ class RowChecks:
         valid = valid_rows(batch) if n else []
         if len(valid) < n:
             for i in sorted(set(range(n)) - set(valid)):
-                errors.append(null_text_error(batch, i, NULL_FIX))
+                errors.append(null_text_error(batch, i, NULL_FIX, self.text_col))
         h = id_hashes([batch.ids[i] for i in valid])
         numbers = np.asarray(batch.numbers, np.int64)[valid] if batch.numbers else np.zeros(len(valid), np.int64)
         return np.asarray(valid, np.int64), errors, h, pack_locations(files[valid], numbers)

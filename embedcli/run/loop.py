@@ -244,7 +244,8 @@ class Pipeline:
         progress = report.start_progress(records, self.flags.log_every)
         held: deque[Pool] = deque()
         chars = batch_chars(engine)
-        checks = RowChecks(self.flags, errors_before, ids if ids is not None else self.id_set())
+        checks = RowChecks(self.flags, errors_before, ids if ids is not None else self.id_set(),
+                           self.source.inputs.text_col if self.source is not None else "text")
         batch_rows = min(self.source.inputs.batch_rows, self.flags.shard_rows) if self.source else \
             self.flags.shard_rows
         previous = self.carry.previous

@@ -165,7 +165,7 @@ class SliceWork:
         # a changed block's unchanged lines carried over unread, as the local loop does (`ReadSpec.carry_lines`)
         carry_lines = previous.line_rows if indexed and previous is not None and previous.has_lines() else None
         # ids repeated inside the slice: the local loop's checks (the driver checks them across slices)
-        checks = RowChecks(flags, 0, IdSet(self.paths, self.id_words))
+        checks = RowChecks(flags, 0, IdSet(self.paths, self.id_words), source.inputs.text_col)
         batch_rows = min(source.inputs.batch_rows, flags.shard_rows)
         held: deque[Pool] = deque()
         hashes: list[np.ndarray] = []

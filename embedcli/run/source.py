@@ -40,18 +40,19 @@ class InputOptions:
     cr_in_lines: bool = False  # plain text: keep a CR inside a line (run-batch's JSON lines), not a bad row
 
 
-def null_text_error(batch: Any, i: int, fix: str = "fill or drop the row") -> InputError:
-    """The error of row `i`, whose text (or one of its extra text columns) is null: the one null-text check."""
-    col = "text" if batch.texts[i] is None else next(c for c, v in batch.extra_texts.items() if v[i] is None)
-    reason = f"{col} is null" if col == "text" else f"text field {col!r} is null"
+def null_text_error(batch: Any, i: int, fix: str = "fill or drop the row", text_col: str = "text") -> InputError:
+    """The error of row `i`, whose text (`text_col`, or one of its extra text columns) is null, naming the
+    column: the one null-text check."""
+    col = text_col if batch.texts[i] is None else next(c for c, v in batch.extra_texts.items() if v[i] is None)
+    reason = "text is null" if col == "text" else f"text field {col!r} is null"
     return InputError(batch.source, reason, location=batch.locations[i], record_id=batch.ids[i], fix=fix)
 
 
-def check_texts(batch: Any) -> None:
-    """InputError naming the batch's first row with a null text."""
+def check_texts(batch: Any, text_col: str = "text") -> None:
+    """InputError naming the batch's first row with a null text (read from column `text_col`)."""
     for i, text in enumerate(batch.texts):
         if text is None:
-            raise null_text_error(batch, i)
+            raise null_text_error(batch, i, text_col=text_col)
 
 
 def subset(batch: Any, idx: np.ndarray) -> Any:
@@ -196,7 +197,7 @@ class BatchSource:
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.open():
-            check_texts(batch)
+            check_texts(batch, self.inputs.text_col)
             yield batch
 
     def options(self) -> dict[str, Any]:

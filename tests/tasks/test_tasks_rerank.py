@@ -181,3 +181,29 @@ def test_scoring_with_a_model_that_cannot_is_a_usage_error(cli, task_models, doc
     result = cli("rerank", docs_file, "-o", tmp_path / "o.parquet", code=2)
     assert "exactly one of --query" in result.stderr
     assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("cols", "null", "said"),
+    [
+        (("--left-col", "question", "--right-col", "answer"), "question", "text field 'question' is null"),
+        (("--left-col", "question", "--right-col", "answer"), "answer", "text field 'answer' is null"),
+        (("--left", "q", "--right-col", "answer"), "answer", "text field 'answer' is null"),
+        (("--left-col", "text", "--right-col", "answer"), "text", "text is null"),
+    ],
+    ids=["left-col", "right-col", "one-left", "column-named-text"],
+)
+def test_score_names_the_column_of_a_null_text(cli, jsonl, tmp_path, cols, null, said):  # type: ignore[no-untyped-def]
+    """A null --left-col value was reported as "text is null", naming no column the input has."""
+    left = cols[1] if cols[0] == "--left-col" else "question"
+    rows = [{"id": f"p{i}", left: f"who won {i}", "answer": f"the team won {i}"} for i in range(3)]
+    rows[1][null] = None
+    src = jsonl("pairs.jsonl", rows)
+    out = tmp_path / "scores.parquet"
+    failed = cli("score", src, *cols, "-o", out, code=1)
+    assert f"line 2 (id 'p1'): {said}" in failed.stderr, failed.stderr
+    assert not out.exists()
+    errors = tmp_path / "errors.jsonl"
+    cli("score", src, *cols, "-o", out, "--on-error", "skip", "--errors-file", errors, "-q", code=3)
+    assert pq.read_table(out).column("id").to_pylist() == ["p0", "p2"]
+    assert [json.loads(x)["reason"] for x in errors.read_text().splitlines()] == [said]
