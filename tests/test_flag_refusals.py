@@ -42,7 +42,7 @@ CASES = {
     "search-output-format": (("search", "{vectors}", "--query", "hi", "-m", "{st}", "--output-format", "tsv"),
                              {}, False, "--output-format 'tsv'", "parquet"),
     "logit-sigma": (("classify", "{rows}", "-o", "{out}/c.parquet", "-m", "{classifier}", "--logit-sigma", "0"),
-                    {}, False, "--logit-sigma 0", "non-zero"),
+                    {}, False, "--logit-sigma 0", "positive"),
 }
 
 

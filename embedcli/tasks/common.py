@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
@@ -135,9 +136,20 @@ def calibration(spec: ModelSpec, logit_mean: float | None = None, logit_sigma: f
             if float(scale) == 0:
                 raise UsageError(f"{spec.path}/config.json: logit_scale 0 cannot calibrate logits")
             sigma = 1.0 / float(scale)
-    if sigma is not None and float(sigma) == 0:
-        where = "--logit-sigma" if logit_sigma is not None else f"{spec.path}/config.json: logit_sigma"
-        raise UsageError(f"{where} {sigma}: must be non-zero (it divides the logits)")
+    # sigma is a spread: a negative one would reverse the labels' order (and a one-label reranker's ranking),
+    # which no calibration means; vLLM refuses only 0. NaN or inf would make every score NaN at exit 0.
+    if sigma is not None and not (math.isfinite(float(sigma)) and float(sigma) > 0):
+        if logit_sigma is not None:
+            where = "--logit-sigma"
+        elif config.get("logit_sigma") is not None:
+            where = f"{spec.path}/config.json: logit_sigma"
+        else:
+            where = f"{spec.path}/config.json: 1 / logit_scale"
+        raise UsageError(f"{where} {sigma}: must be a positive number (it divides the logits; a negative one would "
+                         "reverse the order of the scores)")
+    if mean is not None and not math.isfinite(float(mean)):
+        where = "--logit-mean" if logit_mean is not None else f"{spec.path}/config.json: logit_mean"
+        raise UsageError(f"{where} {mean}: must be a finite number")
     return (None if mean is None else float(mean)), (None if sigma is None else float(sigma))
 
 

@@ -151,3 +151,38 @@ def test_rerun_of_a_complete_classify_output_imports_no_torch(cli, task_models, 
     assert refused.returncode == 2 and "different config" in refused.stderr, refused.stderr
     assert not imported_torch(refused)
     assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "config", "said"),
+    [
+        ("classify", ("--logit-sigma", "-2"), {}, "--logit-sigma -2.0: must be a positive number"),
+        ("classify", ("--logit-sigma", "nan"), {}, "--logit-sigma nan: must be a positive number"),
+        ("classify", ("--logit-sigma", "inf"), {}, "--logit-sigma inf: must be a positive number"),
+        ("classify", ("--logit-mean", "nan"), {}, "--logit-mean nan: must be a finite number"),
+        ("classify", (), {"logit_sigma": -0.5}, "config.json: logit_sigma -0.5: must be a positive number"),
+        ("classify", (), {"logit_scale": -4}, "config.json: 1 / logit_scale -0.25: must be a positive number"),
+        ("rerank", ("--query", "q"), {"logit_sigma": -1.0}, "config.json: logit_sigma -1.0: must be a positive number"),
+    ],
+    ids=["flag-negative", "flag-nan", "flag-inf", "mean-nan", "config-negative", "config-scale-negative", "rerank"],
+)
+def test_a_calibration_that_reverses_or_voids_the_scores_is_refused(cli, task_models, tmp_path, command, flags, config,
+                                                                    said):  # type: ignore[no-untyped-def]
+    """(x - mean) / sigma with sigma < 0 ranked the least likely label first (and a reranker's worst document
+    first), at exit 0; NaN or inf made every score NaN (or equal). vLLM refuses only sigma 0: a spread is positive."""
+    import shutil
+
+    base = task_models("multi-class" if command == "classify" else "cross-encoder")
+    folder = base
+    if config:
+        folder = shutil.copytree(base, tmp_path / "model")
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg.update(config)
+        (folder / "config.json").write_text(json.dumps(cfg))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "out.parquet"
+    err = cli(command, src, "-m", folder, "-o", out, *flags, code=2)
+    assert said in err.stderr and "Traceback" not in err.stderr, err.stderr
+    assert not out.exists()
+
