@@ -108,6 +108,10 @@ def classify_computation(
     require_task(spec, "classify", "classify")
     if opts.pair_col is not None:
         check_pair_col(spec, text_col, opts.pair_col)
+    if opts.activation == "softmax" and spec.num_labels == 1:
+        # softmax over one logit is 1.0 whatever the input; CrossEncoder.predict(apply_softmax=True) skips it there
+        raise UsageError(f"--activation softmax: model {spec.name!r} has one label, whose softmax is 1.0 for every "
+                         "row; use --activation sigmoid for a probability, or none for the logit")
     if not 1 <= opts.top_k <= spec.num_labels:
         raise UsageError(f"--top-k {opts.top_k}: the model has {spec.num_labels} labels")
     mean, sigma = calibration(spec, opts.logit_mean, opts.logit_sigma)

@@ -186,3 +186,23 @@ def test_a_calibration_that_reverses_or_voids_the_scores_is_refused(cli, task_mo
     assert said in err.stderr and "Traceback" not in err.stderr, err.stderr
     assert not out.exists()
 
+
+@pytest.mark.parametrize("pair", [False, True], ids=["text", "pair"])
+def test_softmax_over_one_label_is_refused(cli, task_models, tmp_path, two_threads, pair):  # type: ignore[no-untyped-def]
+    """`--activation softmax` on a one-label model wrote 1.0 for every row at exit 0; CrossEncoder.predict
+    (apply_softmax=True) applies softmax only to more than one label and gives the sigmoid there."""
+    from sentence_transformers import CrossEncoder
+
+    folder = task_models("cross-encoder")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "text": t, "other": "a reply"}) + "\n"
+                           for i, t in enumerate(TEXTS[:3])))
+    out = tmp_path / "out.parquet"
+    pair_flags = ("--pair-col", "other") if pair else ()
+    err = cli("classify", src, "-m", folder, "--activation", "softmax", *pair_flags, "-o", out, code=2)
+    assert "--activation softmax" in err.stderr and "one label" in err.stderr and "Traceback" not in err.stderr
+    assert not out.exists()
+    reference = CrossEncoder(str(folder), device="cpu").predict([(TEXTS[0], "a reply")], apply_softmax=True)
+    assert 0 < float(reference[0]) < 1  # not the constant 1.0 a softmax over one logit gives
+    cli("classify", src, "-m", folder, "--activation", "sigmoid", *pair_flags, "-o", out, "-q")
+    assert pq.read_table(out).num_rows == 3
