@@ -353,6 +353,9 @@ def _string_list(body: _Body, name: str, allow_single: bool = True) -> list[str]
 
 def _truncation(body: _Body, model: ServedModel) -> tuple[int | None, str | None]:
     tokens = body.int("truncate_prompt_tokens", minimum=-1)
+    if tokens == 0:  # a max length of 0 reads as none downstream: the whole input would be computed, uncut
+        raise BadRequest("body.truncate_prompt_tokens", "0 would keep no tokens; send -1 (the model's max length), "
+                         "a positive count, or leave it out")
     if tokens is not None and model.max_length is not None and tokens > model.max_length:
         raise BadRequest(
             "body.truncate_prompt_tokens",
