@@ -66,7 +66,7 @@ from embedcli.cli.options import (
     ids,
     inputs_opt,
 )
-from embedcli.cli.run_options import unattended
+from embedcli.cli.run_options import OPT_ERRORS_FILE, OPT_MAX_ERRORS, on_error_option, unattended
 from embedcli.run.flags import RunFlags
 
 
@@ -186,6 +186,9 @@ def rerank(
     reranker_preset: str | None = OPT_PRESET,
     output_format: str | None = OPT_OUT_FORMAT,
     overwrite: bool = OPT_OVERWRITE,
+    on_error: str = on_error_option(rows="malformed line, null text, bad UTF-8"),
+    errors_file: str | None = OPT_ERRORS_FILE,
+    max_errors: int | None = OPT_MAX_ERRORS,
     quiet: bool = OPT_QUIET,
     stats: str | None = OPT_STATS,
 ) -> None:
@@ -211,7 +214,7 @@ def rerank(
                 query_id_col=query_id_col, top_n=top_n, return_documents=return_documents, group_col=group_col,
             ),
             OutputOptions(output, output_format, quiet, stats),
-            RunFlags(overwrite=overwrite),
+            RunFlags(overwrite=overwrite, on_error=on_error, errors_file=errors_file, max_errors=max_errors),
         )
     )
 

@@ -22,6 +22,25 @@ def _env(flag: str) -> str:
     return "EMBEDCLI_" + flag.upper().replace("-", "_")
 
 
+def on_error_option(default: str = RunFlags.on_error,
+                    rows: str = "malformed line, null text, duplicate id, bad UTF-8") -> Any:
+    """`--on-error` with a command's own default (and the bad rows it can meet)."""
+    return typer.Option(
+        default, "--on-error", envvar=_env("on-error"), rich_help_panel=RESUME,
+        help=f"Bad rows ({rows}): fail stops with exit 1; skip records them and goes on (exit 3).",
+    )
+
+
+OPT_ERRORS_FILE = typer.Option(
+    None, "--errors-file", envvar=_env("errors-file"), rich_help_panel=RESUME,
+    help="Write every bad row (file, location, id, reason, fix) to this JSONL file.",
+)
+OPT_MAX_ERRORS = typer.Option(
+    None, "--max-errors", envvar=_env("max-errors"), rich_help_panel=RESUME,
+    help="With --on-error skip: stop with exit 1 once more than this many rows were skipped.",
+)
+
+
 def _options(on_error: str | None = None) -> list[tuple[str, Any, Any]]:
     """(parameter name, annotation, typer.Option) of every flag the decorator adds (`on_error`: the
     command's own default for --on-error)."""
@@ -56,19 +75,9 @@ def _options(on_error: str | None = None) -> list[tuple[str, Any, Any]]:
             d.commit_every, "--commit-every", envvar=_env("commit-every"), rich_help_panel=RESUME,
             help="Also commit when this many seconds passed since the last commit.",
         )),
-        ("on_error", str, typer.Option(
-            d.on_error, "--on-error", envvar=_env("on-error"), rich_help_panel=RESUME,
-            help="Bad rows (malformed line, null text, duplicate id, bad UTF-8): fail stops with exit 1; "
-            "skip records them and goes on (exit 3).",
-        )),
-        ("errors_file", str | None, typer.Option(
-            None, "--errors-file", envvar=_env("errors-file"), rich_help_panel=RESUME,
-            help="Write every bad row (file, location, id, reason, fix) to this JSONL file.",
-        )),
-        ("max_errors", int | None, typer.Option(
-            None, "--max-errors", envvar=_env("max-errors"), rich_help_panel=RESUME,
-            help="With --on-error skip: stop with exit 1 once more than this many rows were skipped.",
-        )),
+        ("on_error", str, on_error_option(d.on_error)),
+        ("errors_file", str | None, OPT_ERRORS_FILE),
+        ("max_errors", int | None, OPT_MAX_ERRORS),
         ("log_every", float, typer.Option(
             d.log_every, "--log-every", envvar=_env("log-every"), rich_help_panel=PROGRESS,
             help="When stderr is not a terminal: one progress line every this many seconds.",

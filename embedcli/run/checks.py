@@ -368,7 +368,7 @@ def _check_batch(
                 _add_unread(out, seg)
             else:
                 _reread_blocks(out, seg, checks, unread_index)
-    _in_input_order(out.errors)
+    in_input_order(out.errors)
     if out.errors and not checks.skip_mode:
         raise out.errors[0]
     checks.count(out.errors)
@@ -382,7 +382,7 @@ def _check_batch(
     return work
 
 
-def _in_input_order(errors: list[InputError]) -> None:
+def in_input_order(errors: list[InputError]) -> None:
     """Sort a batch's bad rows (all of one file) by line or row, in place.
 
     They are found in two passes, the lines that do not parse as the batch is read and the rows the checks
@@ -577,4 +577,4 @@ def joined(works: list[Work]) -> Any:
     return parts[0] if len(parts) == 1 else concat_batches(parts)
 
 
-__all__ = ["RowChecks", "Work", "index_table", "joined", "read_work"]
+__all__ = ["RowChecks", "Work", "in_input_order", "index_table", "joined", "read_work"]

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedcli.errors import EXIT_OK, STDIN, UsageError
+from embedcli.errors import EXIT_OK, EXIT_SKIPPED, STDIN, UsageError
 from embedcli.io.commit import unlink_quiet
 from embedcli.io.fingerprint import input_fingerprints
 from embedcli.io.manifest import (
@@ -34,6 +34,7 @@ from embedcli.io.manifest import (
     KEY_JOB,
     KEY_OUTPUT,
     KEY_ROWS,
+    KEY_SKIPPED,
     Manifest,
     StagingLock,
     config_key,
@@ -150,12 +151,14 @@ class WholeOutput:
                 "pass --overwrite to replace it, or choose another -o"
             )
         if self.job_key and existing.get(KEY_JOB) == self.job_key and existing.get(KEY_COMPLETE) == "true":
+            skipped = int(existing.get(KEY_SKIPPED, "0") or 0)  # its run's bad rows (--on-error skip) still count
             if not self.job.reporting.quiet:
-                print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do",
+                print(f"embedcli: {shown} is already complete (same inputs and config): nothing to do"
+                      + (f"; {skipped:,} bad input rows were skipped (exit code 3)" if skipped else ""),
                       file=sys.stderr)
             shutil.rmtree(staging_dir(path), ignore_errors=True)  # a kill after the last rename left it
             self.close()  # nothing to publish
-            return EXIT_OK
+            return EXIT_SKIPPED if skipped else EXIT_OK
         self._fetch_output()
         return None
 

@@ -3,6 +3,7 @@ sparse dot product."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -16,11 +17,13 @@ import pyarrow as pa
 from embedcli.compute.build import RunnerRecipe, build_runner
 from embedcli.compute.choice import can_do
 from embedcli.compute.options import RunnerOptions
-from embedcli.errors import EXIT_OK, InputError, UsageError
+from embedcli.errors import EXIT_OK, EXIT_SKIPPED, InputError, TooManyErrors, UsageError
+from embedcli.io.manifest import KEY_ERRORS, KEY_SKIPPED
 from embedcli.io.reader_base import id_array
 from embedcli.io.readers import read_inputs
 from embedcli.models.llm_reranker import pair_formatter
 from embedcli.models.spec import ModelSpec
+from embedcli.run.checks import NULL_FIX, in_input_order, valid_rows
 from embedcli.run.flags import RunFlags
 from embedcli.run.job import Reporting, Target
 from embedcli.run.progress import Progress
@@ -34,6 +37,7 @@ from embedcli.run.source import (
     id_type_of,
     null_text_error,
     refuse_shadowing,
+    subset,
     with_kept,
 )
 from embedcli.run.target import check_target
@@ -343,6 +347,53 @@ class Documents:
         return self.table("", np.zeros(0, np.float32), np.zeros(0, np.int64))
 
 
+class BadRows:
+    """`--on-error` over the documents of `rerank` (an output written whole): `fail` raises the first bad row
+    (a malformed record, a null text); `skip` sets each aside, up to `--max-errors`, and the rest are ranked."""
+
+    def __init__(self, flags: RunFlags, text_col: str) -> None:
+        self.skip = flags.on_error == "skip"
+        self.limit = flags.max_errors
+        self.text_col = text_col
+        self.errors: list[InputError] = []
+
+    def add(self, error: InputError) -> None:
+        """A bad row: raised (fail), else kept (TooManyErrors past `--max-errors`)."""
+        if not self.skip:
+            raise error
+        self.errors.append(error)
+        if self.limit is not None and len(self.errors) > self.limit:
+            raise TooManyErrors(error.path, f"more than {self.limit} bad rows (--max-errors {self.limit}); the last: "
+                                f"{error.reason}", location=error.location, record_id=error.record_id,
+                                fix="fix the input, or raise --max-errors")
+
+    def checked(self, source: BatchSource) -> Iterator[Any]:
+        """The source's batches without their bad rows (each one raised or set aside, in input order)."""
+        # the reader's (lines that do not parse) are held, under fail too, so that none is said before an
+        # earlier null text, as the run loop of every other command orders them
+        pending: list[InputError] = []
+        for batch in source.open(on_bad_row=pending.append):
+            own = getattr(batch, "errors", None)  # a batch's own bad rows (the reader may be a batch ahead)
+            found = list(pending) if own is None else list(own)
+            handed = {id(e) for e in found}
+            pending[:] = [e for e in pending if id(e) not in handed]
+            keep = valid_rows(batch)
+            if len(keep) < len(batch):
+                found += [null_text_error(batch, i, NULL_FIX, self.text_col)
+                          for i in sorted(set(range(len(batch))) - set(keep))]
+                batch = subset(batch, np.asarray(keep, np.int64))
+            in_input_order(found)
+            for e in found:
+                self.add(e)
+            yield batch
+        for e in pending:  # after the last batch
+            self.add(e)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The `--errors-file` lines of the rows set aside."""
+        return [e.to_record() for e in self.errors]
+
+
 def _modulo(i: int, n: int) -> int:
     """The input row of pair `i` when a batch's `n` rows repeat (one block per query)."""
     return i % n
@@ -361,14 +412,15 @@ def _query_of_rows(batch: Any, col: str, q_index: dict[str, int]) -> np.ndarray:
     return out
 
 
-def _rank_grouped(runner: Runner, scorer: PairScorer, inputs: InputOptions, group_col: str,
+def _rank_grouped(runner: Runner, scorer: PairScorer, batches: Iterable[Any], group_col: str,
                   queries: list[tuple[str, str]], keepers: list[TopN], docs: Documents, progress: Progress) -> None:
-    """Score each candidate row against its own query only (the one named in `group_col`)."""
+    """Score each candidate row of `batches` (read with `group_col`) against its own query only (the one
+    named in `group_col`)."""
     q_index = {q: i for i, (q, _) in enumerate(queries)}
     held: deque[tuple[int, np.ndarray]] = deque()
 
     def runner_inputs() -> Iterator[RowInputs]:
-        for batch in BatchSource(inputs, (group_col,)):
+        for batch in batches:
             groups = _query_of_rows(batch, group_col, q_index)
             held.append((docs.add(batch), groups))
             pairs = scorer.pair_inputs([queries[g][1] for g in groups], batch.texts)
@@ -465,20 +517,34 @@ def run_rerank(
     scorer = make_scorer(runner, method, opts)
     keepers = [TopN(opts.top_n) for _ in queries]
     progress = report.start_progress(0, flags.log_every)
+    bad = BadRows(flags, inputs.text_col)
     try:
         if queries and opts.group_col is not None:  # candidates grouped by query (`embedcli search ... -o -`)
-            _rank_grouped(runner, scorer, inputs, opts.group_col, queries, keepers, docs, progress)
+            grouped = bad.checked(BatchSource(inputs, (opts.group_col,)))
+            _rank_grouped(runner, scorer, grouped, opts.group_col, queries, keepers, docs, progress)
         elif queries:
             rows = rank_batch_rows(method, len(queries), inputs.batch_rows)
-            batches = BatchSource(replace(inputs, batch_rows=rows))
+            batches = bad.checked(BatchSource(replace(inputs, batch_rows=rows)))
             rank_documents(runner, scorer, batches, [t for _, t in queries], keepers, docs, progress)
+    except InputError as e:  # the row that stopped the run is listed too, as every command lists it
+        stopped = [e.to_record()] if e.location or e.record_id is not None else []
+        report.write_errors_file(flags.errors_file, [*bad.records(), *stopped])
+        raise
     finally:
         progress.close()
         report.progress = None
+    report.bad_rows(bad.errors)
     t0 = time.perf_counter()
-    out.publish(ranked_tables(docs, [q for q, _ in queries], keepers))
+    skipped = {KEY_SKIPPED: str(len(bad.errors)),
+               KEY_ERRORS: json.dumps(bad.records()[:20], ensure_ascii=False, sort_keys=True)} if bad.errors else None
+    out.publish(ranked_tables(docs, [q for q, _ in queries], keepers), skipped)
     report.seconds["write"] = time.perf_counter() - t0
+    report.write_errors_file(flags.errors_file, bad.records())
     _rerank_stats(output, runner, report)
+    if bad.errors:
+        where = f"see {flags.errors_file}" if flags.errors_file else "pass --errors-file FILE to list them"
+        report.note(f"{len(bad.errors):,} bad input rows were skipped ({where}); exit code 3")
+        return EXIT_SKIPPED
     return EXIT_OK
 
 

@@ -207,3 +207,31 @@ def test_score_names_the_column_of_a_null_text(cli, jsonl, tmp_path, cols, null,
     cli("score", src, *cols, "-o", out, "--on-error", "skip", "--errors-file", errors, "-q", code=3)
     assert pq.read_table(out).column("id").to_pylist() == ["p0", "p2"]
     assert [json.loads(x)["reason"] for x in errors.read_text().splitlines()] == [said]
+
+
+def test_rerank_bad_rows_fail_or_skip_as_every_command(cli, task_models, cross_encoder, tmp_path):  # type: ignore[no-untyped-def]
+    """rerank had no --on-error: a null document or a malformed line stopped it, with no way to rank the rest;
+    the contract's bad-row flags (fail/skip, --errors-file, --max-errors, exit 3) now apply to it too."""
+    good = {"a": DOCS[0], "c": DOCS[1], "d": DOCS[7]}
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"id": "a", "text": good["a"]}) + "\n" + json.dumps({"id": "b", "text": None}) + "\n"
+                   + '{"id": "x", "text": \n' + json.dumps({"id": "c", "text": good["c"]}) + "\n"
+                   + json.dumps({"id": "d", "text": good["d"]}) + "\n")
+    out, errors = tmp_path / "ranked.parquet", tmp_path / "errors.jsonl"
+    args = ("rerank", src, "-m", task_models("cross-encoder"), "--max-length", MAX_LENGTH, "--query", QUERY, "-o", out)
+    failed = cli(*args, "--errors-file", errors, code=1)
+    assert "line 2 (id 'b'): text is null" in failed.stderr and not out.exists()  # the first, not line 3
+    assert [json.loads(x)["location"] for x in errors.read_text().splitlines()] == ["line 2"]
+    errors.unlink()
+    too_many = cli(*args, "--on-error", "skip", "--max-errors", 1, code=1)
+    assert "more than 1 bad rows" in too_many.stderr and not out.exists()
+    skipped = cli(*args, "--on-error", "skip", "--errors-file", errors, code=3)
+    assert "2 bad input rows were skipped" in skipped.stderr
+    bad = [(b["location"], b["id"]) for b in map(json.loads, errors.read_text().splitlines())]
+    assert bad == [("line 2", "b"), ("line 3", "x")]
+    got = pq.read_table(out).to_pylist()
+    expected = cross_encoder.rank(QUERY, list(good.values()))
+    assert [r["id"] for r in got] == [list(good)[e["corpus_id"]] for e in expected]
+    assert np.abs(np.array([r["score"] for r in got]) - [e["score"] for e in expected]).max() <= 1e-5
+    again = cli(*args, "--on-error", "skip", code=3)  # complete: nothing to do, and its skipped rows still count
+    assert "nothing to do" in again.stderr
