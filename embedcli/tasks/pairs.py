@@ -272,6 +272,9 @@ def run_score(
 ) -> int:
     """`embedcli score`: one score per row, for (left, right) columns or one left text against every right."""
     flags = flags or RunFlags()
+    if opts.left is not None and opts.left_col != ScoreOptions.left_col:
+        raise UsageError(f"--left and --left-col {opts.left_col}: give one; --left scores one text against every "
+                         "row's --right-col, --left-col pairs each row's two columns")
     check_target(output.path, flags, inputs.paths, output.stats_file)
     work = score_computation(load_spec(choice), choice, opts, tuple(inputs.keep_cols))
     if opts.left is not None:

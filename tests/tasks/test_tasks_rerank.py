@@ -235,3 +235,11 @@ def test_rerank_bad_rows_fail_or_skip_as_every_command(cli, task_models, cross_e
     assert np.abs(np.array([r["score"] for r in got]) - [e["score"] for e in expected]).max() <= 1e-5
     again = cli(*args, "--on-error", "skip", code=3)  # complete: nothing to do, and its skipped rows still count
     assert "nothing to do" in again.stderr
+
+
+def test_score_refuses_left_with_left_col(cli, jsonl, tmp_path):  # type: ignore[no-untyped-def]
+    """`--left TEXT --left-col question` silently dropped the column and scored TEXT against every answer."""
+    src = jsonl("pairs.jsonl", [{"id": "p0", "question": "who won", "answer": "the team won"}])
+    out = tmp_path / "scores.parquet"
+    err = cli("score", src, "--left", "film", "--left-col", "question", "--right-col", "answer", "-o", out, code=2)
+    assert "--left and --left-col question: give one" in err.stderr and not out.exists()
