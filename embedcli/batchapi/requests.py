@@ -30,7 +30,7 @@ embedcli cannot honour (chat `messages`, multimodal inputs, `add_special_tokens:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -351,8 +351,19 @@ def _string_list(body: _Body, name: str, allow_single: bool = True) -> list[str]
     return list(value)
 
 
-def _truncation(body: _Body, model: ServedModel) -> tuple[int | None, str | None]:
+def _fewest(model: ServedModel, inputs: Sequence[UnitInput] = ("",), pairs: bool = False) -> int:
+    """The fewest tokens the inputs can be cut to: their special tokens (a scored pair's, or an LLM reranker's
+    bare template); token-id inputs are cut as they are."""
+    if pairs:
+        return model.min_pair_tokens
+    return model.min_tokens if any(isinstance(x, str) for x in inputs) else 0
+
+
+def _truncation(body: _Body, model: ServedModel, fewest: int = 0) -> tuple[int | None, str | None]:
     tokens = body.int("truncate_prompt_tokens", minimum=-1)
+    if tokens is not None and 0 < tokens < fewest:  # the tokenizer would leave such inputs uncut
+        raise BadRequest("body.truncate_prompt_tokens", f"{tokens} is below the {fewest} tokens the model adds to "
+                         "every input (special tokens, or a reranker's pair template): nothing could be kept")
     if tokens == 0:  # a max length of 0 reads as none downstream: the whole input would be computed, uncut
         raise BadRequest("body.truncate_prompt_tokens", "0 would keep no tokens; send -1 (the model's max length), "
                          "a positive count, or leave it out")
@@ -415,7 +426,7 @@ def _sparse_units(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Re
     """A SPLADE model's `embed` (vLLM's task for `BertSpladeSparseEmbeddingModel`): its sparse vectors."""
     inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
-    tokens, side = _truncation(body, model)
+    tokens, side = _truncation(body, model, _fewest(model, inputs))
     if _use_activation(body, "normalize"):
         raise BadRequest(f"body.{'normalize' if body.has('normalize') else 'use_activation'}",
                          "SPLADE vectors are not normalized; send false or leave it out")
@@ -430,7 +441,7 @@ def _embeddings(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Resp
     _require_task(model, "embed", "Embeddings")
     inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
-    tokens, side = _truncation(body, model)
+    tokens, side = _truncation(body, model, _fewest(model, inputs))
     params = UnitParams(_use_activation(body, "normalize"), _dimensions(body, model), tokens, side)
     return tuple(Unit("embed", x, params) for x in inputs), _encoding(body)
 
@@ -470,6 +481,10 @@ def _cohere_embed(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Re
             raise BadRequest("body.embedding_types", f"{t!r} is not one of {', '.join(COHERE_PRECISIONS)}")
     truncate = body.choice("truncate", ("NONE", "START", "END"), "END")
     max_tokens = body.int("max_tokens", minimum=1)
+    fewest = _fewest(model)
+    if max_tokens is not None and truncate != "NONE" and max_tokens < fewest:  # uncut by the tokenizer
+        raise BadRequest("body.max_tokens", f"{max_tokens} is below the {fewest} special tokens the model adds to "
+                         "every text: nothing could be kept")
     # vLLM's CohereServingEmbedding._resolve_truncation.
     if truncate == "NONE":
         tokens, side, check = None, None, max_tokens
@@ -488,6 +503,11 @@ _SCORE_FORMS: tuple[tuple[str, str], ...] = (
     ("data_1", "data_2"),
     ("text_1", "text_2"),
 )
+
+
+def _score_fewest(model: ServedModel) -> int:
+    """The fewest tokens a /score or /rerank side is cut to: a cross-encoder's pair, else one text."""
+    return _fewest(model, pairs=model.score_method == "cross-encoder")
 
 
 def _require_score(model: ServedModel, api: str) -> None:
@@ -512,7 +532,7 @@ def _score(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], ResponseO
         pairs = list(zip(left, right, strict=True))
     else:
         raise BadRequest(f"body.{form[1]}", "Input lengths must be either 1:1, 1:N or N:N")
-    tokens, side = _truncation(body, model)
+    tokens, side = _truncation(body, model, _score_fewest(model))
     params = UnitParams(_use_activation(body), None, tokens, side)
     return tuple(Unit("score", p, params) for p in pairs), ResponseOptions()
 
@@ -525,7 +545,7 @@ def _rerank(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Response
     documents = _string_list(body, "documents")
     top_n = body.int("top_n", minimum=0) or 0
     return_documents = body.bool("return_documents")
-    tokens, side = _truncation(body, model)
+    tokens, side = _truncation(body, model, _score_fewest(model))
     params = UnitParams(_use_activation(body), None, tokens, side)
     units = tuple(Unit("score", (query, d), params) for d in documents)
     options = ResponseOptions(top_n=top_n, return_documents=return_documents is not False, echo=tuple(documents))
@@ -536,7 +556,7 @@ def _classify(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Respon
     _require_task(model, "classify", "Classification")
     inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
-    tokens, side = _truncation(body, model)
+    tokens, side = _truncation(body, model, _fewest(model, inputs))
     params = UnitParams(_use_activation(body), None, tokens, side)
     return tuple(Unit("classify", x, params) for x in inputs), ResponseOptions()
 
@@ -558,7 +578,7 @@ def _pooling(body: _Body, model: ServedModel) -> tuple[tuple[Unit, ...], Respons
         raise BadRequest("body.task", f"Unsupported task: {task!r}")
     inputs = _completion_inputs(body, model)
     _check_special_tokens(body)
-    tokens, side = _truncation(body, model)
+    tokens, side = _truncation(body, model, _fewest(model, inputs))
     if body.has("dimensions") and task not in ("embed", "token_embed"):
         raise BadRequest("body.dimensions", f"Task {task!r} does not take dimensions; it takes use_activation")
     dimensions = _dimensions(body, model)

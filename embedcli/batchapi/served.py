@@ -25,6 +25,10 @@ class ServedModel:
     id2label: Mapping[int, str] = field(default_factory=dict)
     score_method: str | None = None  # how /score and /rerank score a pair; None: the model cannot score
     vocab_size: int | None = None  # token ids in requests must be below it (None: unknown, int64 only)
+    # The fewest tokens a text (its special tokens) and a scored pair (the pair's special tokens, or an LLM
+    # reranker's bare template) become: a truncation below them cannot be honoured.
+    min_tokens: int = 0
+    min_pair_tokens: int = 0
 
     @property
     def sparse(self) -> bool:
@@ -42,7 +46,8 @@ class ServedModel:
 
     @classmethod
     def from_spec(
-        cls, spec: Any, names: tuple[str, ...] = (), score_method: str | None = None, vocab_size: int | None = None
+        cls, spec: Any, names: tuple[str, ...] = (), score_method: str | None = None, vocab_size: int | None = None,
+        min_tokens: int = 0, min_pair_tokens: int = 0,
     ) -> ServedModel:
         """What an `embedcli.models.spec.ModelSpec` serves; `names`: more names `body.model` may give (the
         `-m` value); `score_method`: `--method` as resolved, else the model's own (vLLM's score type)."""
@@ -59,4 +64,6 @@ class ServedModel:
             id2label=dict(enumerate(spec.id2label)),
             score_method=score_method,
             vocab_size=vocab_size,
+            min_tokens=min_tokens,
+            min_pair_tokens=min_pair_tokens,
         )

@@ -52,6 +52,7 @@ from embedcli.io.fingerprint import fingerprint_identity, input_fingerprints
 from embedcli.io.location import refuse_url
 from embedcli.io.manifest import Manifest, staging_dir
 from embedcli.io.writers import LINES
+from embedcli.models.llm_reranker import pair_formatter
 from embedcli.quantize import make_quantizer
 from embedcli.run.execute import run_job
 from embedcli.run.flags import RunFlags
@@ -144,6 +145,19 @@ def vocab_size(model: Any) -> int | None:
     return int(rows) if isinstance(rows, int) and rows > 0 else None
 
 
+def fewest_tokens(runner: Any, method: str | None) -> dict[str, int]:
+    """`min_tokens` / `min_pair_tokens` of the served model: the special tokens its tokenizer adds to a text and
+    to a pair, or an LLM reranker's pair template with nothing in it (a truncation below them is refused)."""
+    processor = runner.model.tokenizer.post_processor
+    single = processor.num_special_tokens_to_add(False) if processor is not None else 0
+    pair = processor.num_special_tokens_to_add(True) if processor is not None else 0
+    if method == "cross-encoder":
+        render = pair_formatter(runner.model, runner.max_length)
+        if render is not None:
+            pair = len(runner.model.tokenizer.encode(render("", "")).ids)
+    return {"min_tokens": int(single), "min_pair_tokens": int(pair)}
+
+
 def resumed_created(output: str, path: str) -> int | None:
     """`created` of the interrupted run of this same request file staged at `output` (judged by content, as
     resume is), so a resumed output never mixes two: the file may have been rewritten with the same bytes."""
@@ -197,7 +211,7 @@ def run_batch(
                          gpus_per_worker=flags.gpus_per_worker)
     names = (choice.model, os.path.basename(os.path.normpath(choice.model))) if choice.model else ()
     served = ServedModel.from_spec(spec, names=tuple(n for n in names if n), score_method=method,
-                                   vocab_size=vocab_size(runner.model))
+                                   vocab_size=vocab_size(runner.model), **fewest_tokens(runner, method))
     quant = make_quantizer("int8", opts.calibration) if opts.calibration else None
     ranges = quant.ranges if quant is not None else None
     meta = provenance(runner.model, runner, {

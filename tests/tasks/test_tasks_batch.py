@@ -295,3 +295,39 @@ def test_a_rerun_with_other_calibration_ranges_refuses_to_mix(cli, tiny_model, t
     src, out = tmp_path / "b.requests.jsonl", tmp_path / "b.results.jsonl"
     err = cli("run-batch", src, "-m", model, "-o", out, "--calibration", b / "cal.npy", "-q", code=2)
     assert "different config" in err.stderr
+
+
+def test_a_truncation_below_the_special_tokens_is_a_400_line(cli, tiny_model, tmp_path):  # type: ignore[no-untyped-def]
+    """truncate_prompt_tokens below the tokens the tokenizer adds (2 for a text, 3 for a BERT pair) was left
+    uncut by the tokenizer: the whole input's numbers at 200. Below an LLM reranker's bare pair template it
+    stopped the whole run. Each is now a 400 line; at the special-token count the input is cut to it."""
+    import transformers as tf
+
+    from tests.fixtures.tiny_families import build_llm_reranker
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    cross = tmp_path / "ce"
+    base = build_tiny_model("bert", tmp_path / "bert")
+    tf.BertForSequenceClassification.from_pretrained(str(base), num_labels=1).save_pretrained(str(cross))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (base / name).is_file():
+            (cross / name).write_bytes((base / name).read_bytes())
+    lines = [req("one", "/v1/embeddings", {"input": "the quick brown fox", "truncate_prompt_tokens": 1}),
+             req("two", "/v1/embeddings", {"input": "the quick brown fox", "truncate_prompt_tokens": 2}),
+             req("ids", "/v1/embeddings", {"input": [0, 50, 2], "truncate_prompt_tokens": 1})]
+    out = run_batch(cli, tmp_path, tiny_model("bert-st"), lines, name="embed", code=3)
+    assert [o["response"]["status_code"] for o in out] == [400, 200, 200]
+    assert "below the 2 tokens" in out[0]["error"]["message"]
+    assert out[1]["response"]["body"]["usage"]["prompt_tokens"] == 2 and out[2]["response"]["body"]["usage"]["prompt_tokens"] == 1
+    lines = [req("pair", "/score", {"text_1": "cat", "text_2": "the cat", "truncate_prompt_tokens": 2}),
+             req("text", "/classify", {"input": "the cat", "truncate_prompt_tokens": 1}),
+             req("ok", "/rerank", {"query": "cat", "documents": ["the cat"], "truncate_prompt_tokens": 3})]
+    out = run_batch(cli, tmp_path, cross, lines, name="ce", code=3)
+    assert [o["response"]["status_code"] for o in out] == [400, 400, 200]
+    assert "below the 3 tokens" in out[0]["error"]["message"] and "below the 2 tokens" in out[1]["error"]["message"]
+    plain, _ = build_llm_reranker("qwen2", tmp_path / "llm")
+    lines = [req("short", "/score", {"text_1": "cat", "text_2": "the cat", "truncate_prompt_tokens": 3}),
+             req("ok", "/score", {"text_1": "cat", "text_2": "the cat"})]
+    out = run_batch(cli, tmp_path, plain, lines, "--classifier-from-tokens", "no,yes", "--pair-template",
+                    "Query: {query}\nDocument: {document}\nRelevant:", name="llm", code=3)
+    assert [o["response"]["status_code"] for o in out] == [400, 200] and "template" in out[0]["error"]["message"]
