@@ -108,6 +108,12 @@ class Runner:
         self.stats = RunStats()
         self._tokenizer = model.tokenizer
         self._special_ids = model.hf_tokenizer.all_special_ids
+        # The tokenizer leaves a text (or pair) uncut when the limit is below the special tokens it adds, so
+        # the whole input would be pooled: such a limit is refused when texts are tokenized (token ids are cut
+        # as they are).
+        processor = self._tokenizer.post_processor
+        self._specials = tuple(int(processor.num_special_tokens_to_add(pair)) if processor is not None else 0
+                               for pair in (False, True))
         self._clip_bound = ClipBound(self._tokenizer, self.max_length)
         self._prompt_tokens = self._excluded_prompt_tokens()
         self._roles: RoleTokenizer | None = None
@@ -150,11 +156,19 @@ class Runner:
         text = self._clean(text)
         return self.options.prompt + text if self.options.prompt else text
 
+    def _check_limit(self, specials: int, what: str) -> None:
+        if self.max_length < specials:
+            raise PoolingConfigError(f"--max-length {self.max_length} is below the {specials} special tokens the "
+                                     f"tokenizer adds to every {what}: no input could be cut to it")
+
     def tokenize(self, texts: Sequence[TextInput], first_row: int = 0) -> Encoded:
         """Token ids of each text (or text pair) under the long-input rule; `first_row` numbers errors."""
         if self._roles is not None:
             return self._tokenize_roles(texts, first_row)
         mode = self.options.long_inputs
+        if mode == "truncate" and texts:
+            pairs = isinstance(texts[0], tuple)
+            self._check_limit(self._specials[int(pairs)], "text pair" if pairs else "text")
         tok = self._tokenizer
         if mode == "truncate":
             tok.enable_truncation(self.max_length, strategy="longest_first", direction=self.truncation_side)

@@ -243,3 +243,26 @@ def test_score_refuses_left_with_left_col(cli, jsonl, tmp_path):  # type: ignore
     out = tmp_path / "scores.parquet"
     err = cli("score", src, "--left", "film", "--left-col", "question", "--right-col", "answer", "-o", out, code=2)
     assert "--left and --left-col question: give one" in err.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "limit", "said"),
+    [
+        ("embed", (), 1, "--max-length 1 is below the 2 special tokens the tokenizer adds to every text"),
+        ("score", ("--left-col", "text", "--right-col", "other"), 2, "below the 3 special tokens"),
+        ("rerank", ("--query", "q"), 2, "below the 3 special tokens the tokenizer adds to every text pair"),
+        ("classify", ("--pair-col", "other"), 2, "below the 3 special tokens"),
+    ],
+)
+def test_a_max_length_below_the_special_tokens_is_refused(cli, task_models, minilm_path, tmp_path, command, flags,
+                                                          limit, said):  # type: ignore[no-untyped-def]
+    """The tokenizer cannot cut into the special tokens it adds, so it left every input whole: --max-length 1
+    gave each row the uncut text's vector (and a cross-encoder's --max-length 2 the uncut pair's score) at exit 0."""
+    model = minilm_path if command == "embed" else task_models("cross-encoder")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "text": t, "other": DOCS[1]}) + "\n" for i, t in enumerate(DOCS[:3])))
+    out = tmp_path / "out.parquet"
+    err = cli(command, src, "-m", model, "--max-length", limit, *flags, "-o", out, code=2)
+    assert said in err.stderr and "Traceback" not in err.stderr and not out.exists()
+    cli(command, src, "-m", model, "--max-length", limit + 1, *flags, "-o", out, "-q")  # at the count: cut to it
+    assert pq.read_table(out).num_rows == 3
