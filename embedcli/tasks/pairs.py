@@ -388,7 +388,8 @@ class BadRows:
             in_input_order(found)
             for e in found:
                 self.add(e)
-            yield batch
+            if len(batch):  # a batch of bad rows only leaves nothing to score
+                yield batch
         for e in pending:  # after the last batch
             self.add(e)
 

@@ -235,6 +235,9 @@ def test_rerank_bad_rows_fail_or_skip_as_every_command(cli, task_models, cross_e
     assert np.abs(np.array([r["score"] for r in got]) - [e["score"] for e in expected]).max() <= 1e-5
     again = cli(*args, "--on-error", "skip", code=3)  # complete: nothing to do, and its skipped rows still count
     assert "nothing to do" in again.stderr
+    src.write_text(json.dumps({"id": "b", "text": None}) + "\n")  # bad rows only: an empty ranking, exit 3
+    cli(*args, "--on-error", "skip", "--overwrite", "-q", code=3)
+    assert pq.read_table(out).num_rows == 0
 
 
 def test_score_refuses_left_with_left_col(cli, jsonl, tmp_path):  # type: ignore[no-untyped-def]
