@@ -54,6 +54,60 @@ def test_cut_texts_keep_exactly_the_tokens_of_whole_texts(
     assert [bool(e.overflowing) for e in got] == [bool(e.overflowing) for e in whole]
 
 
+# Python's `\s` matches these, but BERT's normalizer (and SentencePiece's nmt_nfkc, most of them) deletes them:
+# "un\x0cbelievable" is the word "unbelievable", not a break between "un" and "believable".
+DELETED_SPACES = ["\x0b", "\x0c", "\x1c", "\x1f", "\x85"]
+
+
+def _straddling(bound: int, sep: str, side: str, filler: int, word: tuple[str, str, str]) -> str:
+    """`filler` one-token words, then `word` spelled across the cut with runs of `sep` (mirrored for left)."""
+    first, middle, last = word
+    if side == "right":
+        return "a " * filler + first + sep * (bound - 2 * filler - 100) + middle + sep * bound + last
+    return first + sep * bound + middle + sep * (bound - 2 * filler - 100) + last + " a" * filler
+
+
+@pytest.mark.parametrize("sep", DELETED_SPACES)
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_character_the_normalizer_deletes_is_no_word_break(sep: str, side: str) -> None:
+    from embedcli.models.checkpoint.resolve import resolve_model_path
+
+    tok = Tokenizer.from_file(str(Path(resolve_model_path(None)) / "tokenizer.json"))  # all-MiniLM-L6-v2
+    tok.no_padding()
+    max_length = 16
+    tok.enable_truncation(max_length, strategy="longest_first", direction=side)
+    bound = clip_bound(tok, max_length)
+    text = _straddling(bound, sep, side, max_length - 3, ("un", "bel", "ievable"))
+    whole = tok.encode(text)
+    assert "unbelievable" in whole.tokens
+    clipped, cut = clip_texts([text], bound, side)
+    got = tok.encode_batch(clipped)
+    for i in unsafe_cuts(clipped, got, cut, side):
+        got[i] = tok.encode(text)
+    assert got[0].tokens == whole.tokens
+
+
+def test_cli_embed_of_a_word_joined_across_the_cut_matches_sentence_transformers(
+    st_model: Path, tmp_path: Path, cli: Callable[..., object]
+) -> None:
+    import numpy as np
+    import pyarrow.parquet as pq
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(st_model), device="cpu")
+    bound = clip_bound(Tokenizer.from_file(str(st_model / "tokenizer.json")), model.max_seq_length)
+    # The tiny vocabulary has "market" but not "mark": the cut text's "mar…k" is 4 pieces (m ##a ##r ##k).
+    texts = [
+        _straddling(bound, sep, "right", model.max_seq_length - 3, ("mar", "k", "et"))
+        for sep in DELETED_SPACES[:2]
+    ]
+    corpus, out = tmp_path / "in.jsonl", tmp_path / "out.parquet"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
+    cli("embed", corpus, "-m", st_model, "-o", out, "-q")
+    got = np.asarray(pq.read_table(out).column("embedding").to_pylist())
+    np.testing.assert_allclose(got, model.encode(texts), atol=1e-5)
+
+
 class _CountingVocab:
     """A tokenizer whose vocab (one 40-character token) counts its reads."""
 

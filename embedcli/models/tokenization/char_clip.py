@@ -13,8 +13,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-_BOUNDARY_AFTER = re.compile(r"\s+\S")
-_BOUNDARY_BEFORE = re.compile(r"\S\s+")
+# Only the four whitespace characters every normalizer keeps as (or turns into) a word break: Python's `\s` also
+# matches \x0b, \x0c, \x1c-\x1f and \x85, which BERT's clean_text and SentencePiece's nmt_nfkc delete, joining
+# the words either side (a cut there would change the word the last kept token belongs to).
+_BOUNDARY_AFTER = re.compile(r"[ \t\n\r]+\S")
+_BOUNDARY_BEFORE = re.compile(r"\S[ \t\n\r]+")
 _MIN_TOKEN_CHARS = 16  # an [UNK] or a normalized token can stand for more text than its vocab string
 
 
