@@ -76,6 +76,15 @@ def test_model2vec_static_model(tmp_path: Path, build: dict[str, object]) -> Non
     assert np.abs(got - want).max() <= 1e-6
 
 
+def test_a_multiword_token_matches_across_a_tab_or_line_break_as_in_model2vec(tmp_path: Path) -> None:
+    """model2vec's distill adds multi-word vocabulary as normalized added tokens: they are matched on the normalized
+    text, where BERT's normalizer has made a tab or a line break a space."""
+    folder = build_m2v(tmp_path / "m2v", multiword=("the cat", "bank rates"))
+    texts = ["the\tcat sat", "The\nCat", "BANK\rrates rise", "the cat", "the  cat", "the\r\ncat"]
+    got, want = _embedcli(folder, texts), _m2v(folder, texts)
+    assert np.abs(got - want).max() <= 1e-6
+
+
 def test_long_text_without_a_limit_is_the_exact_mean(tmp_path: Path) -> None:
     """StaticEmbedding takes every token: the mean of 3,000 rows, exact (float64 sum) beside torch's float32 one."""
     from tokenizers import Tokenizer

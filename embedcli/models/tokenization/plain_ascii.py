@@ -5,7 +5,8 @@ tabs and line breaks into spaces, which the pre-tokenizer drops as it drops spac
 Chinese characters to pad, no control characters to remove. So `str.lower()` in Python, then the tokenizer with
 no normalizer, gives the same ids; the normalizer's per-character alignment bookkeeping was ~30% of a static
 model's tokenizing (2,000 news texts, WordPiece). Other texts, and texts that spell one of the tokenizer's added
-tokens in any case (`[MASK]` is matched on the raw text, so lowering would hide it), go the ordinary way.
+tokens in any case (`[MASK]` is matched on the raw text, so lowering would hide it) or with a tab or line break
+for a space, go the ordinary way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 _NOT_PLAIN = re.compile(r"[^\t\n\r\x20-\x7e]")
+_AS_SPACE = str.maketrans("\t\n\r", "   ")  # what BertNormalizer's clean_text makes of them
 
 
 class PlainAscii:
@@ -28,6 +30,7 @@ class PlainAscii:
         self.active = type(normalizer) is normalizers.BertNormalizer
         self.lowercase = bool(self.active and normalizer.lowercase)
         self.added = [token.content.lower() for token in tokenizer.get_added_tokens_decoder().values()]
+        self.spaced = [token for token in self.added if " " in token]
 
     def plain(self, text: str) -> str | None:
         """`text` as the normalizer would leave it for the ids, or None when it must go through the normalizer."""
@@ -35,6 +38,14 @@ class PlainAscii:
             return None
         low = text.lower()
         if any(token in low for token in self.added):
+            return None
+        # A normalized added token (model2vec's multi-word vocabulary, "new york") matches the normalized text,
+        # where a tab or a line break between its words is a space.
+        if (
+            self.spaced
+            and (normal := low.translate(_AS_SPACE)) != low
+            and any(t in normal for t in self.spaced)
+        ):
             return None
         return low if self.lowercase else text
 
