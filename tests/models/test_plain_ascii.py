@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, normalizers
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
 from embedcli.models.checkpoint.resolve import resolve_model_path
 from embedcli.models.tokenization.plain_ascii import PlainAscii
@@ -71,6 +71,20 @@ def test_another_normalizer_goes_the_ordinary_way() -> None:
     assert not plain.active
     ids = [e.ids for e in plain.encode(["Hello World"], add_special_tokens=False)]
     assert ids == [e.ids for e in tk.encode_batch_fast(["Hello World"], add_special_tokens=False)]
+
+
+@pytest.mark.parametrize(
+    "pre", [pre_tokenizers.Metaspace(), pre_tokenizers.ByteLevel(), pre_tokenizers.Split(" ", "removed")]
+)
+def test_a_pre_tokenizer_that_keeps_tabs_in_words_goes_the_ordinary_way(
+    pre: pre_tokenizers.PreTokenizer,
+) -> None:
+    """BertNormalizer makes a tab or a line break a space; only a whitespace-splitting pre-tokenizer drops both."""
+    texts = ["the\tcat", "a\nb", "hello\r\nworld", "plain words"]
+    tk = Tokenizer.from_file(str(WORDPIECE))
+    tk.pre_tokenizer = pre
+    want = [e.ids for e in tk.encode_batch_fast(texts, add_special_tokens=False)]
+    assert [e.ids for e in PlainAscii(tk).encode(texts, add_special_tokens=False)] == want
 
 
 @settings(max_examples=60, deadline=None)

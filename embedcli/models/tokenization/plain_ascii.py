@@ -23,11 +23,18 @@ class PlainAscii:
     """Encodes a batch with the plain-ASCII shortcut where the tokenizer's normalizer allows it."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from tokenizers import normalizers
+        from tokenizers import normalizers, pre_tokenizers
 
         self.tokenizer = tokenizer
         normalizer = tokenizer.normalizer
-        self.active = type(normalizer) is normalizers.BertNormalizer
+        # The normalizer's tabs and line breaks become spaces: the same ids only where the pre-tokenizer splits on
+        # all of them alike (a Metaspace or ByteLevel one keeps a tab a character of the word).
+        splits_on_whitespace = type(tokenizer.pre_tokenizer) in (
+            pre_tokenizers.BertPreTokenizer,
+            pre_tokenizers.Whitespace,
+            pre_tokenizers.WhitespaceSplit,
+        )
+        self.active = type(normalizer) is normalizers.BertNormalizer and splits_on_whitespace
         self.lowercase = bool(self.active and normalizer.lowercase)
         self.added = [token.content.lower() for token in tokenizer.get_added_tokens_decoder().values()]
         self.spaced = [token for token in self.added if " " in token]
