@@ -33,7 +33,12 @@ from embedcli.models.precision import (
 from embedcli.models.registry import REGISTRY, BackbonePlan, padding_index, plan_backbone
 from embedcli.models.spec import DenseSpec, ModelConfigError, ModelSpec
 from embedcli.models.tokenization.decoder_tokenizer import load_decoder_tokenizer_json
-from embedcli.models.tokenization.tokenizer import SpecialTokens, load_tokenizer_json, lowercase_inside
+from embedcli.models.tokenization.tokenizer import (
+    SpecialTokens,
+    load_tokenizer_json,
+    lowercase_inside,
+    rebuilt_at_load,
+)
 from embedcli.pooling import (
     DispatchPooler,
     Pooler,
@@ -204,6 +209,8 @@ class LoadedModel:
                     loaded = load_decoder_tokenizer_json(path)
                 except Exception:
                     loaded = None
+            elif rebuilt_at_load(path):
+                loaded = None  # transformers' class rebuilds it (XLM-R's SentencePiece): its ids, as ST's
             else:
                 try:
                     loaded = load_tokenizer_json(path)

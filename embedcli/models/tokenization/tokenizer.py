@@ -1,8 +1,8 @@
 """A model's fast tokenizer read straight from tokenizer.json, and its special tokens, without transformers.
 
-transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json, for decoder
-tokenizers that transformers rebuilds at load in ways not mirrored in `decoder_tokenizer` (and as a lazy
-fallback for attributes this light view does not have).
+transformers' tokenizer classes are needed only for checkpoints without a tokenizer.json, for tokenizers that
+transformers rebuilds at load into other ids (decoders not mirrored in `decoder_tokenizer`, XLM-R's SentencePiece:
+`rebuilt_at_load`), and as a lazy fallback for attributes this light view does not have.
 """
 
 from __future__ import annotations
@@ -126,6 +126,28 @@ class SpecialTokens:
 
             self._hf = AutoTokenizer.from_pretrained(str(self._folder), local_files_only=True, trust_remote_code=False)
         return getattr(self._hf, name)
+
+
+# SentencePiece classes transformers 5 rebuilds at load from tokenizer.json's vocabulary: the Precompiled normalizer
+# alone (its Replace(" {2,}") dropped), WhitespaceSplit before Metaspace, its own special tokens. Their ids differ
+# from the file read as it is (a text ending in a zero-width space or a BOM, \x85 inside a word, a literal <mask>),
+# and sentence-transformers and vLLM tokenize with transformers' class.
+REBUILT_ENCODER_CLASSES = frozenset({
+    "XLMRobertaTokenizer", "XLMRobertaTokenizerFast", "CamembertTokenizer", "CamembertTokenizerFast",
+})
+_REBUILT_MODEL_TYPES = {"xlm-roberta": "XLMRobertaTokenizer", "camembert": "CamembertTokenizer"}
+
+
+def rebuilt_at_load(folder: str | Path) -> bool:
+    """Whether transformers' AutoTokenizer rebuilds this encoder's tokenizer.json into other ids
+    (`REBUILT_ENCODER_CLASSES`, declared or, with none declared, its model type's class)."""
+    folder = Path(folder)
+    config = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    model_config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    declared = config.get("tokenizer_class") or model_config.get("tokenizer_class")
+    if declared is None:
+        declared = _REBUILT_MODEL_TYPES.get(str(model_config.get("model_type")))
+    return declared in REBUILT_ENCODER_CLASSES
 
 
 def load_tokenizer_json(folder: str | Path) -> tuple[Tokenizer, SpecialTokens]:
