@@ -124,8 +124,8 @@ OPT_LOGIT_MEAN = typer.Option(
 )
 OPT_LOGIT_SIGMA = typer.Option(
     None, "--logit-sigma", envvar=env("logit-sigma"), rich_help_panel=MODEL,
-    help="Calibration: divide the logits by this after --logit-mean (default: config.json's logit_sigma, or "
-    "1/logit_scale, else none); act((logit - mean) / sigma).",
+    help="Calibration: divide the logits by this positive number after --logit-mean (default: config.json's "
+    "logit_sigma, or 1/logit_scale, else none); act((logit - mean) / sigma).",
 )
 OPT_KEEP_SPECIAL = typer.Option(
     False, "--keep-special", envvar=env("keep-special"), rich_help_panel=OUTPUT,
