@@ -98,12 +98,18 @@ class RunStats:
 
 @dataclass
 class TokenRows:
-    """A token task's result for one batch: each row's token ids and its per-token matrix."""
+    """A token task's result for one batch: each row's token ids and its per-token matrix.
+
+    `template` marks, per row, the tokens the tokenizer's template added (`[CLS]`, `[SEP]`, `<s>`, `</s>`), by
+    position: the same token spelled in the text itself is text, as in transformers' `special_tokens_mask`.
+    """
 
     ids: list[np.ndarray]
     values: list[np.ndarray]
+    template: list[np.ndarray] | None = None
 
     @classmethod
     def concat(cls, parts: Sequence[TokenRows]) -> TokenRows:
         """The rows of several batches' results, in order."""
-        return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values])
+        template = None if any(p.template is None for p in parts) else [t for p in parts for t in p.template or ()]
+        return cls([i for p in parts for i in p.ids], [v for p in parts for v in p.values], template)

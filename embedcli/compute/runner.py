@@ -47,6 +47,8 @@ class Encoded:
     # Late interaction: per sequence, which tokens are attention keys and whose vectors are kept.
     keys: list[np.ndarray] | None = None
     keep: list[np.ndarray] | None = None
+    # Token tasks: per sequence, the tokens the tokenizer's template added (its special_tokens_mask).
+    template: list[np.ndarray] | None = None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -190,6 +192,7 @@ class Runner:
         types: list[np.ndarray] = []
         owner: list[int] = []
         chunked: list[bool] = []
+        template: list[np.ndarray] | None = [] if self.options.with_token_ids else None
         limit = self.max_length
         for row, enc in enumerate(encodings):
             seq = np.asarray(enc.ids, dtype=np.int64)
@@ -207,14 +210,18 @@ class Runner:
                     types.append(tt[start : start + limit])
                     owner.append(row)
                     chunked.append(True)
+                    if template is not None:
+                        template.append(np.asarray(enc.special_tokens_mask[start : start + limit], dtype=bool))
                 continue
             ids.append(seq)
             types.append(tt)
             owner.append(row)
             chunked.append(False)
+            if template is not None:
+                template.append(np.asarray(enc.special_tokens_mask, dtype=bool))
         return Encoded(
             ids=ids, type_ids=types, owner=np.asarray(owner, dtype=np.int64), num_rows=len(texts),
-            chunked=np.asarray(chunked, dtype=bool) if any(chunked) else None,
+            chunked=np.asarray(chunked, dtype=bool) if any(chunked) else None, template=template,
         )
 
     def _tokenize_roles(self, texts: Sequence[TextInput], first_row: int) -> Encoded:
@@ -328,10 +335,13 @@ class Runner:
             values = [r.float().cpu().numpy() for r in results]  # type: ignore[union-attr]  # no None is left once every pack has run
             # A pooler that leaves out each sequence's first token (BGE-M3's colbert vectors) keeps ids aligned.
             ids = [i[1:] for i in enc.ids] if self.pooler.drops_first_token() else list(enc.ids)
+            template = enc.template
+            if template is not None and self.pooler.drops_first_token():
+                template = [t[1:] for t in template]
             if enc.keep is not None:  # late interaction: the model's own rows (its expansion in, its skiplist out)
                 values = [v[k] for v, k in zip(values, enc.keep, strict=True)]
                 ids = [i[k] for i, k in zip(ids, enc.keep, strict=True)]
-            return TokenRows(ids, values) if self.options.with_token_ids else values
+            return TokenRows(ids, values, template) if self.options.with_token_ids else values
         if self.params.task == "hybrid_embed":  # BGE-M3: {output: value} per row, from one forward per pack
             return [hybrid_numpy(r, ids) for r, ids in zip(results, enc.ids, strict=True)]  # type: ignore[arg-type]  # no None is left once every pack has run
         if self.params.task == "sparse_embed":  # per row (indices int32, values float32), sorted by index

@@ -84,18 +84,31 @@ def special_ids(model: Any) -> np.ndarray:
 
 
 def select_tokens(
-    ids: np.ndarray, values: np.ndarray, special: np.ndarray, opts: TokenOptions
+    ids: np.ndarray, values: np.ndarray, special: np.ndarray, opts: TokenOptions, template: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The kept rows: step-tag tokens under step pooling; else all tokens but special ones (unless kept)."""
+    """The kept rows: step-tag tokens under step pooling; else all tokens but special ones (unless kept).
+
+    Given `template` (the tokens the tokenizer's template added, by position) only those are special: a `[SEP]`
+    or `<s>` spelled in the text is a token of the text, as transformers' token-classification pipeline keeps it.
+    """
     if opts.step_tag_id is not None:
         ids = ids[ids == opts.step_tag_id]
         if len(ids) != len(values):
             raise RuntimeError(f"step pooling returned {len(values)} rows for {len(ids)} step tokens")
         return ids, values
-    if opts.keep_special or not len(special):
+    if opts.keep_special:
         return ids, values
-    keep = ~np.isin(ids, special)
+    if template is not None:
+        keep = ~template
+    elif len(special):
+        keep = ~np.isin(ids, special)
+    else:
+        return ids, values
     return ids[keep], values[keep]
+
+
+def _templates(result: TokenRows) -> list[np.ndarray | None]:
+    return list(result.template) if result.template is not None else [None] * len(result.ids)
 
 
 def list_of_vectors(matrices: Sequence[np.ndarray], width: int, dtype: Any = np.float32) -> Any:
@@ -140,7 +153,8 @@ class TokenEmbedCodec:
 
     def table(self, batch: Any, result: TokenRows) -> Any:
         """The output rows of a batch."""
-        kept = [select_tokens(i, v, self.special, self.opts) for i, v in zip(result.ids, result.values, strict=True)]
+        kept = [select_tokens(i, v, self.special, self.opts, t)
+                for i, v, t in zip(result.ids, result.values, _templates(result), strict=True)]
         columns: dict[str, Any] = {
             "id": id_column(batch),
             "token_ids": list_column([k[0].astype(np.int32) for k in kept], pa.int32()),
@@ -223,7 +237,8 @@ class TokenClassifyCodec:
     def table(self, batch: Any, result: TokenRows) -> Any:
         """The output rows of a batch."""
         width = len(self.label_names)
-        kept = [select_tokens(i, v, self.special, self.opts) for i, v in zip(result.ids, result.values, strict=True)]
+        kept = [select_tokens(i, v, self.special, self.opts, t)
+                for i, v, t in zip(result.ids, result.values, _templates(result), strict=True)]
         probs = [self.select(np.asarray(k[1], dtype=np.float32)).reshape(-1, width) for k in kept]
         best = [p.argmax(axis=1) if len(p) else np.zeros(0, dtype=np.int64) for p in probs]
         columns: dict[str, Any] = {

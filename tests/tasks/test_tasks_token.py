@@ -108,3 +108,38 @@ def test_token_task_on_a_model_that_cannot_is_a_usage_error(cli, task_models, tm
     assert "cannot do 'token_classify'" in err.stderr and "token-embed" in err.stderr
     err = cli("token-embed", _write(tmp_path), "-m", task_models("token-classifier"), "-o", tmp_path / "x.parquet", code=2)
     assert "cannot do 'token_embed'" in err.stderr and "commands: token-classify" in err.stderr
+
+
+LITERAL_SPECIALS = ["see [SEP] and [CLS] here", "[PAD] [SEP]", "a [MASK] b [UNK]"]
+
+
+def test_token_classify_keeps_special_tokens_spelled_in_the_text_as_the_pipeline(cli, task_models, tmp_path, two_threads):
+    # Only the tokens the template adds are special (transformers' special_tokens_mask); a "[SEP]" in the text
+    # is a token of the text, labelled by the pipeline (it was dropped by id, so those rows went missing).
+    from transformers import pipeline
+
+    folder = task_models("token-classifier")
+    pipe = pipeline("token-classification", model=str(folder), aggregation_strategy="none", device="cpu")
+    out = tmp_path / "tags.parquet"
+    cli("token-classify", _write(tmp_path, LITERAL_SPECIALS), "-m", folder, "-o", out, "-q")
+    for text, row in zip(LITERAL_SPECIALS, pq.read_table(out).to_pylist(), strict=True):
+        ref = pipe(text, ignore_labels=[])
+        assert [e["word"] for e in ref] == pipe.tokenizer.convert_ids_to_tokens(row["token_ids"])
+        assert row["labels"] == [e["entity"] for e in ref]
+        np.testing.assert_allclose(row["scores"], [e["score"] for e in ref], rtol=0, atol=1e-5)
+
+
+def test_token_embed_keeps_special_tokens_spelled_in_the_text(cli, minilm_path, tmp_path, two_threads):
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_path))
+    model = AutoModel.from_pretrained(str(minilm_path)).eval()
+    out = tmp_path / "tok.parquet"
+    cli("token-embed", _write(tmp_path, LITERAL_SPECIALS), "-o", out, "-q")
+    for text, row in zip(LITERAL_SPECIALS, pq.read_table(out).to_pylist(), strict=True):
+        enc = tok(text, return_tensors="pt", return_special_tokens_mask=True)
+        text_tokens = enc.pop("special_tokens_mask")[0] == 0
+        with torch.inference_mode():
+            h = torch.nn.functional.normalize(model(**enc).last_hidden_state[0], dim=-1)[text_tokens].numpy()
+        assert row["token_ids"] == enc["input_ids"][0][text_tokens].tolist()
+        np.testing.assert_allclose(np.asarray(row["embeddings"]), h, rtol=0, atol=1e-5)
