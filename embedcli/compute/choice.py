@@ -14,7 +14,16 @@ def require_task(spec: ModelSpec, task: str, command: str) -> None:
             "not one per text; use `embedcli token-embed --role query|document`, or rerank / score (MaxSim)"
         )
     if task not in spec.tasks:
-        raise UsageError(f"{command}: model {spec.name!r} cannot do {task!r}; {can_do(spec)}")
+        hint = ""
+        if task == "sparse_embed" and spec.architecture.endswith("ForMaskedLM"):
+            # sentence-transformers' SparseEncoder would guess SPLADE (max, relu) for a bare masked LM; the
+            # pooling and activation are the model's to say, so ask for the folder that says them.
+            hint = (
+                f"; it is a bare {spec.architecture} without a SpladePooling module (modules.json): save it as a "
+                "SparseEncoder first, e.g. SparseEncoder(folder).save_pretrained(out) (SPLADE max of relu), then "
+                "run sparse-embed on that folder"
+            )
+        raise UsageError(f"{command}: model {spec.name!r} cannot do {task!r}; {can_do(spec)}{hint}")
 
 
 def commands_for(spec: ModelSpec) -> list[str]:

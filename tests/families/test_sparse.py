@@ -208,3 +208,19 @@ def test_info_shows_splade_pooling_and_dot_similarity(cli, splade_models) -> Non
         "similarity": "dot (default (dot, as SparseEncoder))",
         "truncation side": "right (default (right: the tokenizer names no side); --truncation-side overrides)",
     }
+
+
+def test_a_bare_masked_lm_is_refused_with_the_way_to_a_sparse_encoder(cli, splade_models, texts_file, tmp_path) -> None:
+    # naver's first SPLADE checkpoints ship as a bare BertForMaskedLM: the refusal says how to get the folder
+    # sentence-transformers' SparseEncoder would use, and that folder then gives SparseEncoder's numbers.
+    from sentence_transformers import SparseEncoder
+
+    bare = splade_models["max"].parent / "mlm"  # the plain masked LM the fixture saved before wrapping it
+    result = cli("sparse-embed", texts_file, "-m", bare, "-o", tmp_path / "b.parquet", code=2)
+    assert "BertForMaskedLM without a SpladePooling module" in result.stderr
+    assert "SparseEncoder(folder).save_pretrained(out)" in result.stderr
+    saved = tmp_path / "saved"
+    SparseEncoder(str(bare), device="cpu").save_pretrained(str(saved))
+    out = tmp_path / "s.parquet"
+    cli("sparse-embed", texts_file, "-m", saved, "-o", out, "-q")
+    _assert_matches(_rows(out), _oracle(saved, TEXTS))
