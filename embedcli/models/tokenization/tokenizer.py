@@ -142,8 +142,8 @@ def rebuilt_at_load(folder: str | Path) -> bool:
     """Whether transformers' AutoTokenizer rebuilds this encoder's tokenizer.json into other ids
     (`REBUILT_ENCODER_CLASSES`, declared or, with none declared, its model type's class)."""
     folder = Path(folder)
-    config = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    model_config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    config = read_json(folder / "tokenizer_config.json")
+    model_config = read_json(folder / "config.json")
     declared = config.get("tokenizer_class") or model_config.get("tokenizer_class")
     if declared is None:
         declared = _REBUILT_MODEL_TYPES.get(str(model_config.get("model_type")))
